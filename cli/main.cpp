@@ -1,0 +1,377 @@
+// The `goodput` command. Exit codes: 0 ok, 2 bad input (trace, policy, log, arguments), 1 internal error.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+
+#include "cli/bench.h"
+#include "engine/event_json.h"
+#include "engine/event_store.h"
+#include "engine/report.h"
+#include "sim/montecarlo.h"
+#include "sim/paper.h"
+#include "sim/simulator.h"
+
+namespace goodput {
+namespace {
+
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+PolicySet policy_from(const std::string& path) { return path.empty() ? default_policy() : load_policy_file(path); }
+
+std::string policy_label(const PolicySet& p, const std::string& path) {
+  if (p.name != "unnamed") return p.name;
+  return path.empty() ? "default" : path;
+}
+
+// A one-line progress bar on stderr, only when stderr is a terminal.
+std::function<void(int, int)> progress_bar(const std::string& what) {
+  if (!::isatty(STDERR_FILENO)) return {};
+  auto mu = std::make_shared<std::mutex>();
+  return [mu, what](int done, int total) {
+    std::lock_guard<std::mutex> lock(*mu);
+    const int width = 30;
+    const int fill = total ? done * width / total : width;
+    std::fprintf(stderr, "\r%s [%.*s%*s] %d/%d runs", what.c_str(), fill, "##############################",
+                 width - fill, "", done, total);
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+}
+
+void check_format(const std::string& f) {
+  if (f != "text" && f != "json") throw BadInput("--format must be text or json");
+}
+
+int cmd_replay(const std::string& trace_path, const std::string& policy_path, uint64_t seed, bool resample,
+               const std::string& events_path, const std::string& format, bool digest) {
+  check_format(format);
+  const Trace trace = load_trace(trace_path);
+  PolicySet policy = policy_from(policy_path);
+  policy.name = policy_label(policy, policy_path);
+  std::vector<EventSink*> sinks;
+  std::unique_ptr<SqliteStore> store;
+  DigestSink dig;
+  if (!events_path.empty()) {
+    store = std::make_unique<SqliteStore>(events_path, SqliteStore::Mode::Create, 4096);
+    store->set_meta("trace", trace_path);
+    store->set_meta("policy", policy.config.dump());
+    store->set_meta("seed", std::to_string(seed));
+    store->set_meta("created_by", "goodput replay");
+    sinks.push_back(store.get());
+  }
+  if (digest) sinks.push_back(&dig);
+  Simulator sim(trace, policy, SimOptions{seed, resample}, sinks);
+  const Report r = make_report(sim.run());
+  if (store) store->flush();
+  if (format == "json") {
+    auto j = report_json(r);
+    if (digest) j["digest"] = dig.hex();
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "Replay of " << trace_path << " (" << sim.failures().size() << " failures, seed " << seed << ")\n"
+              << report_text(r);
+    if (digest) std::cout << "  digest               " << dig.hex() << "\n";
+    if (store) std::cout << "  event log            " << events_path << "\n";
+  }
+  return 0;
+}
+
+int cmd_report(const std::string& db, const std::string& format, bool digest) {
+  check_format(format);
+  SqliteStore store(db, SqliteStore::Mode::OpenReadOnly);
+  JobState state;
+  DigestSink dig;
+  store.for_each([&](const Event& e) {
+    state.apply(e);
+    if (digest) dig.append(e);
+  });
+  if (!state.started()) throw BadInput(db + ": the log has no job_started event");
+  const Report r = make_report(state);
+  if (format == "json") {
+    auto j = report_json(r);
+    if (digest) j["digest"] = dig.hex();
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "Report of " << db << "\n" << report_text(r);
+    if (digest) std::cout << "  digest               " << dig.hex() << "\n";
+  }
+  return 0;
+}
+
+struct MonteCarloArgs {
+  uint64_t seed = 1;
+  int runs = 100;
+  int threads = 0;
+};
+
+int cmd_compare(const std::string& trace_path, const std::vector<std::string>& policies, const MonteCarloArgs& mc,
+                const std::string& format) {
+  check_format(format);
+  if (policies.size() < 2) throw BadInput("compare needs at least two --policy files");
+  const Trace trace = load_trace(trace_path);
+  std::vector<PolicySet> sets;
+  for (const auto& p : policies) sets.push_back(load_policy_file(p));  // all policies checked before any run
+  std::vector<Summary> rows;
+  for (size_t i = 0; i < sets.size(); ++i) {
+    MonteCarloOptions o{mc.seed, mc.runs, mc.threads, true, progress_bar(policies[i])};
+    const std::string label = policy_label(sets[i], policies[i]);
+    sets[i].name = label;
+    rows.push_back(summarize(label, run_monte_carlo(trace, sets[i], o)));
+  }
+  if (format == "json") {
+    nlohmann::ordered_json j;
+    j["trace"] = trace_path;
+    j["seed"] = mc.seed;
+    j["runs"] = mc.runs;
+    for (const auto& s : rows) j["policies"].push_back(summary_json(s));
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "Compare on " << trace_path << " (" << mc.runs << " runs from seed " << mc.seed
+              << (trace.rates.empty() ? ", the trace's own failures" : ", failures drawn from the trace's rates")
+              << ")\n"
+              << summaries_text(rows, "policy");
+  }
+  return 0;
+}
+
+// "checkpoint.interval=10m,20m,40m" -> path and values.
+std::pair<std::string, std::vector<std::string>> parse_set(const std::string& s) {
+  const auto eq = s.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
+    throw BadInput("--set wants PATH=V1,V2,... (e.g. checkpoint.interval=10m,20m,40m), got '" + s + "'");
+  std::vector<std::string> values;
+  std::stringstream ss(s.substr(eq + 1));
+  std::string v;
+  while (std::getline(ss, v, ',')) {
+    if (v.empty()) throw BadInput("--set '" + s + "' has an empty value");
+    values.push_back(v);
+  }
+  return {s.substr(0, eq), values};
+}
+
+int cmd_sweep(const std::string& trace_path, const std::string& policy_path, const std::vector<std::string>& sets,
+              const MonteCarloArgs& mc, const std::string& format) {
+  check_format(format);
+  if (sets.empty()) throw BadInput("sweep needs at least one --set PATH=V1,V2,...");
+  const Trace trace = load_trace(trace_path);
+  if (trace.rates.empty() && mc.runs > 1)
+    throw BadInput(trace_path + ": Monte Carlo needs 'failure_rates' in the trace header (or use --runs 1)");
+  nlohmann::json base = policy_path.empty() ? default_policy().config : load_policy_file(policy_path).config;
+  // Cartesian product of all --set lists, first --set varying slowest.
+  std::vector<std::pair<std::string, nlohmann::json>> points{{"", base}};
+  for (const auto& s : sets) {
+    auto [path, values] = parse_set(s);
+    std::vector<std::pair<std::string, nlohmann::json>> next;
+    for (const auto& [label, cfg] : points)
+      for (const auto& v : values) {
+        nlohmann::json c = cfg;
+        set_config_path(c, path, v);
+        next.emplace_back(label + (label.empty() ? "" : " ") + path + "=" + v, c);
+      }
+    points = std::move(next);
+  }
+  std::vector<PolicySet> policies;
+  for (const auto& [label, cfg] : points) {
+    try {
+      policies.push_back(load_policy(cfg));
+    } catch (const PolicyError& e) {
+      throw PolicyError(label + ": " + e.what());
+    }
+    policies.back().name = label;
+  }
+  std::vector<Summary> rows;
+  auto bar = progress_bar("sweep");
+  const int total = static_cast<int>(points.size()) * mc.runs;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    std::function<void(int, int)> prog;
+    if (bar) prog = [&, i](int d, int) { bar(static_cast<int>(i) * mc.runs + d, total); };
+    MonteCarloOptions o{mc.seed, mc.runs, mc.threads, true, prog};
+    rows.push_back(summarize(points[i].first, run_monte_carlo(trace, policies[i], o)));
+  }
+  size_t best = 0;
+  for (size_t i = 1; i < rows.size(); ++i)
+    if (rows[i].goodput_mean > rows[best].goodput_mean) best = i;
+  const Duration yd_storage = young_daly_interval(trace, Tier::Storage);
+  const Duration yd_memory = young_daly_interval(trace, Tier::Memory);
+  if (format == "json") {
+    nlohmann::ordered_json j;
+    j["trace"] = trace_path;
+    j["seed"] = mc.seed;
+    j["runs"] = mc.runs;
+    for (const auto& s : rows) j["points"].push_back(summary_json(s));
+    j["best"] = rows[best].label;
+    j["young_daly_interval_s"] = {{"storage", to_seconds(yd_storage)}, {"memory", to_seconds(yd_memory)}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "Sweep on " << trace_path << " (" << mc.runs << " runs per point from seed " << mc.seed << ")\n"
+              << summaries_text(rows, "setting") << "best: " << rows[best].label << "\n";
+    if (yd_storage > 0)
+      std::cout << "Young/Daly interval from the trace's rates: " << format_duration(yd_storage) << " (storage tier), "
+                << format_duration(yd_memory) << " (memory tier)\n";
+  }
+  return 0;
+}
+
+int cmd_trace_validate(const std::vector<std::string>& files) {
+  for (const auto& f : files) {
+    const Trace t = load_trace(f);
+    std::cout << f << ": ok, version " << t.version << ", " << t.cluster.nodes << " nodes x "
+              << t.cluster.accelerators_per_node << " accelerators, " << t.cluster.spare_nodes << " spares, "
+              << t.events.size() << " events, " << t.rates.size() << " failure rates, horizon "
+              << format_duration(t.job.duration) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace goodput
+
+int main(int argc, char** argv) {
+  using namespace goodput;
+  CLI::App app{"Goodput: keeps distributed training jobs productive through failures.\n"
+               "Replays failure traces on a virtual clock to measure goodput and tune recovery,\n"
+               "checkpoint and scaling policies."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("goodput ") + PROJECT_VERSION_STRING);
+  int rc = 0;
+
+  std::string trace_path, policy_path, events_path, format = "text", db;
+  uint64_t seed = 1;
+  bool resample = false, digest = false;
+  auto* replay = app.add_subcommand("replay", "Replay a trace with a policy and print the goodput report");
+  replay->add_option("trace", trace_path, "Trace file (JSON Lines, see traces/SCHEMA.md)")->required();
+  replay->add_option("--policy", policy_path, "Policy JSON (default: diagnose + flash checkpoints + wait for spares)");
+  replay->add_option("--seed", seed, "Seed for failures drawn from the trace's rates")->capture_default_str();
+  replay->add_flag("--resample", resample, "Draw failures from the trace's rates even if it lists its own");
+  replay->add_option("--events", events_path, "Write the event log to this new SQLite file");
+  replay->add_option("--format", format, "text or json")->capture_default_str();
+  replay->add_flag("--digest", digest, "Print the XXH3 digest of the event log");
+  replay->callback([&] { rc = cmd_replay(trace_path, policy_path, seed, resample, events_path, format, digest); });
+
+  auto* report = app.add_subcommand("report", "Recompute the goodput report from a stored event log");
+  report->add_option("events", db, "Event log (SQLite) written by replay or the live master")->required();
+  report->add_option("--format", format, "text or json")->capture_default_str();
+  report->add_flag("--digest", digest, "Print the XXH3 digest of the event log");
+  report->callback([&] { rc = cmd_report(db, format, digest); });
+
+  MonteCarloArgs mc;
+  std::vector<std::string> policies, sets;
+  auto add_mc = [&](CLI::App* c) {
+    c->add_option("--runs", mc.runs, "Monte Carlo runs per configuration")->capture_default_str()->check(CLI::Range(1, 10'000'000));
+    c->add_option("--seed", mc.seed, "Seed of run 0 (run i uses seed+i)")->capture_default_str();
+    c->add_option("--threads", mc.threads, "Worker threads (0: all cores); results do not depend on it")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1024));
+    c->add_option("--format", format, "text or json")->capture_default_str();
+  };
+  auto* compare = app.add_subcommand("compare", "Compare policies on one trace, side by side");
+  compare->add_option("trace", trace_path, "Trace file")->required();
+  compare->add_option("--policy", policies, "Policy JSON (give two or more)")->required();
+  add_mc(compare);
+  compare->callback([&] { rc = cmd_compare(trace_path, policies, mc, format); });
+
+  auto* sweep = app.add_subcommand("sweep", "Monte Carlo sweep of policy settings (mean, p5, p95 goodput)");
+  sweep->add_option("trace", trace_path, "Trace file with failure_rates")->required();
+  sweep->add_option("--policy", policy_path, "Base policy JSON (default: the default policy)");
+  sweep->add_option("--set", sets, "PATH=V1,V2,... e.g. checkpoint.interval=10m,20m,40m (repeatable)")->required();
+  add_mc(sweep);
+  sweep->callback([&] { rc = cmd_sweep(trace_path, policy_path, sets, mc, format); });
+
+  auto* trace = app.add_subcommand("trace", "Validate or generate traces");
+  trace->require_subcommand(1);
+  std::vector<std::string> files;
+  auto* validate = trace->add_subcommand("validate", "Check trace files against the schema");
+  validate->add_option("files", files, "Trace files")->required();
+  validate->callback([&] { rc = cmd_trace_validate(files); });
+
+  PaperTraceOptions po;
+  std::string out_path, step_time = "6s", process_restart = "2m", scheduling = "5m", rendezvous = "1m",
+                        heartbeat = "1m", hang = "10m", exit_detection = "5s", repair = "12h";
+  double ckpt_gib = 16, mem_gbps = 50, storage_gbps = 1;
+  auto* gen = trace->add_subcommand("generate", "Make a trace from published failure statistics");
+  gen->add_option("--paper", po.paper_path, "Paper statistics JSON (e.g. ../shared/data/papers/llama3-405b-interruptions.json)")
+      ->required();
+  gen->add_option("--accelerators", po.accelerators, "Accelerators in the job (default: as in the paper)");
+  gen->add_option("--days", po.days, "Length of the job in days (default: as in the paper)");
+  gen->add_option("--spares", po.spare_nodes, "Spare nodes (default: 1/64 of the nodes)");
+  gen->add_option("--seed", po.seed, "Seed for drawing the failures")->capture_default_str();
+  gen->add_option("--step-time", step_time, "Training step time")->capture_default_str();
+  gen->add_option("--checkpoint-gib", ckpt_gib, "Checkpoint GiB per node")->capture_default_str();
+  gen->add_option("--memory-gbps", mem_gbps, "Host-memory save bandwidth per node, GB/s")->capture_default_str();
+  gen->add_option("--storage-gbps", storage_gbps, "Storage bandwidth per node, GB/s")->capture_default_str();
+  gen->add_option("--process-restart", process_restart, "Time to restart trainer processes")->capture_default_str();
+  gen->add_option("--scheduling", scheduling, "Time to place a spare node")->capture_default_str();
+  gen->add_option("--rendezvous", rendezvous, "Rendezvous time")->capture_default_str();
+  gen->add_option("--exit-detection", exit_detection, "Process exit to master")->capture_default_str();
+  gen->add_option("--heartbeat-timeout", heartbeat, "Lost node detection")->capture_default_str();
+  gen->add_option("--hang-timeout", hang, "Hang detection")->capture_default_str();
+  gen->add_option("--repair", repair, "Time until a failed machine is back")->capture_default_str();
+  gen->add_option("-o,--output", out_path, "Output file (default: stdout)");
+  gen->callback([&] {
+    auto d = [](const std::string& flag, const std::string& v) {
+      auto r = parse_duration(v);
+      if (!r) throw BadInput("--" + flag + ": not a duration: '" + v + "'");
+      return *r;
+    };
+    po.job.name = "pretraining";
+    po.job.step_time = d("step-time", step_time);
+    po.job.process_restart = d("process-restart", process_restart);
+    po.job.node_scheduling = d("scheduling", scheduling);
+    po.job.rendezvous = d("rendezvous", rendezvous);
+    po.job.exit_detection = d("exit-detection", exit_detection);
+    po.job.heartbeat_timeout = d("heartbeat-timeout", heartbeat);
+    po.job.hang_timeout = d("hang-timeout", hang);
+    po.repair_time = d("repair", repair);
+    po.job.checkpoint_bytes_per_node = static_cast<int64_t>(ckpt_gib * 1024.0 * 1024.0 * 1024.0);
+    po.job.memory_bandwidth_bytes_per_s = static_cast<int64_t>(mem_gbps * 1e9);
+    po.job.storage_bandwidth_bytes_per_s = static_cast<int64_t>(storage_gbps * 1e9);
+    Trace t = trace_from_paper(po);
+    t.source += " | generated by goodput trace generate --seed " + std::to_string(po.seed) +
+                "; job cost model and repair time are assumptions (see traces/README.md)";
+    const std::string text = write_trace(t);
+    if (out_path.empty()) {
+      std::cout << text;
+    } else {
+      std::ofstream out(out_path, std::ios::binary);
+      out << text;
+      if (!out) throw BadInput(out_path + ": cannot write");
+      std::cerr << out_path << ": " << t.events.size() << " failures over " << format_duration(t.job.duration) << " on "
+                << t.cluster.nodes << " nodes\n";
+    }
+  });
+
+  BenchOptions bo;
+  auto* bench = app.add_subcommand("bench", "Benchmarks: core loop, replay, Monte Carlo (ratios against baselines)");
+  bench->add_option("--trace", bo.trace_path, "The 54-day trace")->capture_default_str();
+  bench->add_option("--runs", bo.runs, "Monte Carlo runs")->capture_default_str();
+  bench->add_option("--threads", bo.threads, "Threads for Monte Carlo (0: all)")->capture_default_str();
+  bench->callback([&] { rc = run_bench(bo); });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  } catch (const TraceError& e) {
+    std::cerr << "goodput: " << e.what() << "\n";
+    return 2;
+  } catch (const PolicyError& e) {
+    std::cerr << "goodput: policy: " << e.what() << "\n";
+    return 2;
+  } catch (const StoreError& e) {
+    std::cerr << "goodput: " << e.what() << "\n";
+    return 2;
+  } catch (const BadInput& e) {
+    std::cerr << "goodput: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "goodput: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return rc;
+}

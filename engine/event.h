@@ -1,0 +1,169 @@
+// Events are the truth: every observation of the job and every decision about it is one of these
+// plain structs, stamped with a sequence number and a time. JobState is a fold over them, the event
+// log stores them, and a recorded log replays in the simulator.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "engine/time.h"
+
+namespace goodput {
+
+using NodeId = int32_t;  // index of a machine, stable for the whole job (names live in NodeJoined)
+
+// What the backend saw, before any diagnosis.
+enum class FailureKind : uint8_t { ProcessExit, NodeLost, Hang, Maintenance };
+// What the recovery policy concluded.
+enum class Diagnosis : uint8_t { SoftwareError, HardwareError, OutOfMemory, Preemption, Unknown };
+enum class RecoveryAction : uint8_t { RestartProcess, RelaunchNode, RelaunchWithMoreMemory, GiveUp };
+// Where a checkpoint lives. None: a fresh start, nothing to load.
+enum class Tier : uint8_t { None, Memory, Storage };
+
+constexpr int kDiagnosisCount = 5;
+constexpr int kRecoveryActionCount = 4;
+
+// ---- observations -------------------------------------------------------------------------------
+
+// First event of every log: the job and the cost model it runs under (sizes, bandwidths).
+struct JobStarted {
+  std::string job;
+  int32_t nodes = 0;                  // target world size, in nodes
+  int32_t accelerators_per_node = 0;
+  Duration step_time = 0;             // one training step at full size, no slowdown
+  int64_t total_steps = 0;            // 0: no step target (runs until the horizon or until stopped)
+  int64_t checkpoint_bytes_per_node = 0;
+  int64_t memory_bandwidth_bytes_per_s = 0;   // host-memory copy, per node
+  int64_t storage_bandwidth_bytes_per_s = 0;  // persistent storage, per node
+  std::string policy;                 // name of the policy set, for people
+};
+
+// A machine is up and holds rank slot `slot` of the job.
+struct NodeJoined {
+  NodeId node = 0;
+  int32_t slot = 0;
+  std::string name;
+};
+
+// Something went wrong on a node. `stalled_since` is when the job stopped making progress because
+// of it (<= the event's time; detection latency is the difference).
+struct FailureObserved {
+  NodeId node = 0;
+  FailureKind kind = FailureKind::ProcessExit;
+  int32_t exit_code = 0;
+  int32_t signal = 0;
+  std::string reason;
+  Time stalled_since = 0;
+};
+
+// No machine is free to take a relaunched node's slot: the slot waits.
+struct NoSpareNode {
+  int32_t slot = 0;
+};
+
+// A repaired machine is back in the pool of spares.
+struct NodeReturned {
+  NodeId node = 0;
+};
+
+// A node runs slower than it should (1000 = normal speed, 2000 = half speed).
+struct SlowdownObserved {
+  NodeId node = 0;
+  int32_t slowdown_permille = 1000;
+};
+
+// Trainer processes of the whole world are up (end of process restart).
+struct ProcessesStarted {
+  int32_t world_size = 0;
+  int32_t restart = 0;
+};
+
+struct RendezvousComplete {
+  int32_t world_size = 0;
+  int32_t restart = 0;
+};
+
+// Training resumes from `step` (0 and Tier::None: from scratch).
+struct CheckpointLoaded {
+  int64_t step = 0;
+  Tier tier = Tier::None;
+  Duration load_time = 0;
+};
+
+// The trainer saved a checkpoint. The last `blocking` ns before the event were spent saving.
+struct CheckpointSaved {
+  int64_t step = 0;
+  Tier tier = Tier::Memory;
+  Duration blocking = 0;
+  bool persist = false;  // a memory checkpoint that will also be written to storage, asynchronously
+};
+
+// A memory checkpoint reached storage.
+struct CheckpointPersisted {
+  int64_t step = 0;
+};
+
+struct JobFinished {
+  std::string reason;  // "completed", "horizon", "gave-up", "stopped"
+  int64_t step = 0;
+};
+
+// ---- decisions -------------------------------------------------------------------------------------
+
+struct RecoveryDecided {
+  NodeId node = 0;
+  Diagnosis diagnosis = Diagnosis::Unknown;
+  RecoveryAction action = RecoveryAction::RestartProcess;
+  int32_t attempt = 0;           // failures of this node so far, this one included
+  Duration backoff = 0;          // wait before restarting
+  int32_t memory_permille = 1000;  // memory limit of the relaunched node relative to the old one
+  std::string rule;              // the diagnosis rule or escalation that led here
+};
+
+// The checkpoint plan: save every `every_steps` steps to `tier`; with Tier::Memory, every
+// `persist_every`-th save is also written to storage in the background (0: never).
+struct CheckpointPlanSet {
+  int64_t every_steps = 0;
+  Tier tier = Tier::Storage;
+  int32_t persist_every = 0;
+  std::string reason;
+};
+
+struct ScaleDecided {
+  int32_t from = 0;
+  int32_t to = 0;
+  std::string reason;
+};
+
+// Restart every trainer of the world; they restore `restore_step` from `restore_tier`.
+struct RestartJob {
+  int32_t world_size = 0;
+  int32_t restart = 0;  // restart count, 0 for the first start
+  Duration delay = 0;   // backoff before the processes start
+  int64_t restore_step = 0;
+  Tier restore_tier = Tier::None;
+};
+
+using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpareNode, NodeReturned, SlowdownObserved,
+                                  ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
+                                  CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
+                                  RestartJob>;
+
+struct Event {
+  uint64_t seq = 0;  // position in the log, from 1
+  Time time = 0;
+  EventPayload payload;
+};
+
+// Stable names, used in the log and in JSON.
+std::string_view event_type_name(const EventPayload& payload);
+std::string_view to_string(FailureKind v);
+std::string_view to_string(Diagnosis v);
+std::string_view to_string(RecoveryAction v);
+std::string_view to_string(Tier v);
+
+bool is_decision(const EventPayload& payload);
+
+}  // namespace goodput

@@ -1,0 +1,48 @@
+#include "engine/job_master.h"
+
+#include <stdexcept>
+
+namespace goodput {
+
+JobMaster::JobMaster(PolicySet policies, const Clock& clock, Backend& backend, std::vector<EventSink*> sinks,
+                     Options options)
+    : policies_(std::move(policies)), clock_(clock), backend_(backend), sinks_(std::move(sinks)), options_(options) {}
+
+void JobMaster::resume_from(const EventStore& store) {
+  store.for_each([&](const Event& e) { state_.apply(e); });
+}
+
+const Event& JobMaster::record(EventPayload payload) {
+  last_.seq = state_.last_seq() + 1;
+  last_.time = std::max(clock_.now(), state_.now());  // a log's time never goes backwards
+  last_.payload = std::move(payload);
+  state_.apply(last_);
+  for (EventSink* s : sinks_) s->append(last_);
+  return last_;
+}
+
+void JobMaster::observe(EventPayload observation) {
+  if (state_.finished()) throw std::logic_error("observation after the job finished");
+  record(std::move(observation));
+  const EventPayload& obs = last_.payload;
+  decisions_.clear();
+  auto decide = [&](EventPayload d) { decisions_.push_back(record(std::move(d))); };
+
+  if (const auto* f = std::get_if<FailureObserved>(&obs)) decide(policies_.recovery->on_failure(state_, *f));
+  if (!state_.gave_up()) {
+    if (auto s = policies_.scaling->decide(state_, obs)) decide(std::move(*s));
+    if (auto p = policies_.checkpoint->plan(state_, obs)) decide(std::move(*p));
+    // Mechanics, not policy: once every slot of the world has a node, (re)start the trainers.
+    if (state_.needs_restart() && state_.vacant_slots() == 0 && state_.world_size() > 0) {
+      const auto restore = state_.checkpoints().best_restore(policies_.recovery->restore_from_memory());
+      decide(RestartJob{state_.world_size(), state_.restart_jobs(), state_.last_backoff(), restore.step, restore.tier});
+    }
+  } else if (!state_.finished()) {
+    decide(JobFinished{"gave-up", state_.steps_done()});
+  }
+  if (options_.flush_before_acting)
+    for (EventSink* s : sinks_) s->flush();
+  for (const Event& d : decisions_) backend_.execute(d);
+}
+
+}  // namespace goodput

@@ -1,0 +1,55 @@
+// The JobMaster is where observations become decisions. Each observation is appended to the log
+// and folded into JobState; the policies look at the state and the event; their decisions are
+// appended too, made durable (live mode), and only then handed to the backend to carry out.
+#pragma once
+
+#include <vector>
+
+#include "engine/clock.h"
+#include "engine/event.h"
+#include "engine/event_store.h"
+#include "engine/job_state.h"
+#include "policies/policy.h"
+
+namespace goodput {
+
+// The world the master acts on: the simulator, local processes, Kubernetes or Ray.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Carry out a decision (RecoveryDecided, RestartJob, ScaleDecided, CheckpointPlanSet) or the end
+  // of the job (JobFinished). Must not call back into the master: report results as observations.
+  virtual void execute(const Event& decision) = 0;
+};
+
+class JobMaster {
+ public:
+  struct Options {
+    bool flush_before_acting = false;  // live: every decision is durable before the backend acts
+  };
+  JobMaster(PolicySet policies, const Clock& clock, Backend& backend, std::vector<EventSink*> sinks, Options options);
+  JobMaster(PolicySet policies, const Clock& clock, Backend& backend, std::vector<EventSink*> sinks)
+      : JobMaster(std::move(policies), clock, backend, std::move(sinks), Options{}) {}
+
+  // Rebuild state from a stored log (a restarted master); nothing is decided or executed.
+  void resume_from(const EventStore& store);
+  // Record an observation, decide, and act.
+  void observe(EventPayload observation);
+
+  const JobState& state() const { return state_; }
+  const PolicySet& policies() const { return policies_; }
+
+ private:
+  const Event& record(EventPayload payload);
+
+  PolicySet policies_;
+  const Clock& clock_;
+  Backend& backend_;
+  std::vector<EventSink*> sinks_;
+  Options options_;
+  JobState state_;
+  Event last_;
+  std::vector<Event> decisions_;
+};
+
+}  // namespace goodput

@@ -1,0 +1,190 @@
+#include "engine/job_state.h"
+
+#include <algorithm>
+#include <array>
+
+namespace goodput {
+
+namespace {
+constexpr std::array<std::string_view, kLossCount> kLossNames = {
+    "detection",       "restart",          "scheduling", "rendezvous", "checkpoint_load",
+    "recompute",       "checkpoint_save",  "reduced_capacity", "slowdown", "idle"};
+constexpr std::array<std::string_view, 8> kPhaseNames = {"not_started", "scheduling", "idle",     "restart",
+                                                         "rendezvous",  "checkpoint_load", "training", "finished"};
+template <class T> void grow(std::vector<T>& v, NodeId n, T fill) {
+  if (static_cast<size_t>(n) >= v.size()) v.resize(static_cast<size_t>(n) + 1, fill);
+}
+}  // namespace
+
+std::string_view to_string(Loss l) { return kLossNames[static_cast<size_t>(l)]; }
+std::string_view to_string(Phase p) { return kPhaseNames[static_cast<size_t>(p)]; }
+
+Phase JobState::phase() const {
+  if (!started_) return Phase::NotStarted;
+  if (finished_) return Phase::Finished;
+  switch (stage_) {
+    case Stage::Restart: return Phase::Restart;
+    case Stage::Rendezvous: return Phase::Rendezvous;
+    case Stage::Load: return Phase::CheckpointLoad;
+    case Stage::Training: return Phase::Training;
+    case Stage::None: break;
+  }
+  if (gave_up_) return Phase::Idle;
+  const int32_t vacant = vacant_slots();
+  if (vacant > 0) return waiting_for_spare_ >= vacant ? Phase::Idle : Phase::Scheduling;
+  return Phase::Restart;
+}
+
+Duration JobState::losses_total() const {
+  Duration sum = 0;
+  for (Duration d : loss_) sum += d;
+  return sum;
+}
+
+double JobState::accelerator_ns_productive() const {
+  return static_cast<double>(progress_) * job_.nodes * job_.accelerators_per_node;
+}
+
+int32_t JobState::failures_of(NodeId n) const {
+  return n >= 0 && static_cast<size_t>(n) < node_failures_.size() ? node_failures_[n] : 0;
+}
+
+void JobState::set_held(NodeId n, bool held) {
+  if (n < 0) return;
+  grow(held_, n, false);
+  if (held_[n] == held) return;
+  held_[n] = held;
+  held_count_ += held ? 1 : -1;
+  recompute_slowdown();
+}
+
+void JobState::recompute_slowdown() {
+  int32_t m = 1000;
+  for (size_t i = 0; i < slowdown_.size() && i < held_.size(); ++i)
+    if (held_[i]) m = std::max(m, slowdown_[i]);
+  slowdown_max_ = m;
+}
+
+void JobState::accrue(Time until) {
+  if (!started_ || finished_ || until <= accrued_to_) return;
+  const Duration dt = until - accrued_to_;
+  accrued_to_ = until;
+  accel_held_ += static_cast<double>(dt) * held_count_ * job_.accelerators_per_node;
+  switch (phase()) {
+    case Phase::Training: {
+      // Full-job-equivalent progress: capacity share of the world, divided by the straggler factor.
+      const int32_t n = std::max(job_.nodes, 1);
+      const Duration capacity = static_cast<Duration>(static_cast<__int128>(dt) * std::min(training_world_, n) / n);
+      const Duration kept = static_cast<Duration>(static_cast<__int128>(capacity) * 1000 / slowdown_max_);
+      progress_ += kept;
+      add_loss(Loss::ReducedCapacity, dt - capacity);
+      add_loss(Loss::Slowdown, capacity - kept);
+      break;
+    }
+    case Phase::Scheduling: add_loss(Loss::Scheduling, dt); break;
+    case Phase::Idle: add_loss(Loss::Idle, dt); break;
+    case Phase::Restart: add_loss(Loss::Restart, dt); break;
+    case Phase::Rendezvous: add_loss(Loss::Rendezvous, dt); break;
+    case Phase::CheckpointLoad: add_loss(Loss::CheckpointLoad, dt); break;
+    case Phase::NotStarted:
+    case Phase::Finished: break;
+  }
+}
+
+void JobState::apply(const Event& e) {
+  last_seq_ = e.seq;
+  now_ = std::max(now_, e.time);
+  std::visit(
+      [&](const auto& p) {
+        using T = std::decay_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, JobStarted>) {
+          if (started_) return;  // a second start (resumed master) changes nothing
+          job_ = p;
+          costs_ = CheckpointCosts::from(p);
+          started_ = true;
+          start_ = accrued_to_ = now_ = e.time;
+          world_size_ = p.nodes;
+        } else if constexpr (std::is_same_v<T, FailureObserved>) {
+          if (stage_ == Stage::Training) {
+            // Progress stopped at stalled_since; the rest until now is detection latency.
+            accrue(std::clamp(p.stalled_since, accrued_to_, now_));
+            const Duration detection = now_ - accrued_to_;
+            accel_held_ += static_cast<double>(detection) * held_count_ * job_.accelerators_per_node;
+            add_loss(Loss::Detection, detection);
+            accrued_to_ = now_;
+          } else {
+            accrue(now_);
+          }
+          ++failures_;
+          ++failures_since_checkpoint_;
+          grow(node_failures_, p.node, 0);
+          if (p.node >= 0) ++node_failures_[p.node];
+          stage_ = Stage::None;
+        } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
+          const Duration blocking = std::clamp<Duration>(p.blocking, 0, now_ - accrued_to_);
+          accrue(now_ - blocking);
+          accel_held_ += static_cast<double>(blocking) * held_count_ * job_.accelerators_per_node;
+          add_loss(Loss::CheckpointSave, blocking);
+          accrued_to_ = now_;
+          checkpoints_.on_saved(p, progress_);
+          ++saved_[static_cast<size_t>(p.tier)];
+          failures_since_checkpoint_ = 0;
+        } else {
+          accrue(now_);
+          if constexpr (std::is_same_v<T, NodeJoined>) {
+            set_held(p.node, true);
+            if (waiting_for_spare_ > 0) --waiting_for_spare_;
+          } else if constexpr (std::is_same_v<T, NodeReturned>) {
+            if (waiting_for_spare_ > 0) --waiting_for_spare_;  // a waiting slot can be placed now
+          } else if constexpr (std::is_same_v<T, NoSpareNode>) {
+            ++waiting_for_spare_;
+          } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
+            if (p.node >= 0) {
+              grow(slowdown_, p.node, 1000);
+              slowdown_[p.node] = std::max(p.slowdown_permille, 1000);
+              recompute_slowdown();
+            }
+          } else if constexpr (std::is_same_v<T, ProcessesStarted>) {
+            stage_ = Stage::Rendezvous;
+          } else if constexpr (std::is_same_v<T, RendezvousComplete>) {
+            stage_ = Stage::Load;
+          } else if constexpr (std::is_same_v<T, CheckpointLoaded>) {
+            const Duration target = checkpoints_.progress_of(p.step, p.tier, progress_, job_.step_time);
+            add_loss(Loss::Recompute, progress_ - target);
+            progress_ = target;
+            stage_ = Stage::Training;
+          } else if constexpr (std::is_same_v<T, CheckpointPersisted>) {
+            checkpoints_.on_persisted(p.step);
+            ++persisted_;
+          } else if constexpr (std::is_same_v<T, JobFinished>) {
+            finished_ = true;
+            finish_reason_ = p.reason;
+          } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
+            ++by_diagnosis_[static_cast<size_t>(p.diagnosis)];
+            ++by_action_[static_cast<size_t>(p.action)];
+            last_backoff_ = p.backoff;
+            if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory) {
+              set_held(p.node, false);
+              checkpoints_.on_memory_lost();
+            } else if (p.action == RecoveryAction::GiveUp) {
+              gave_up_ = true;
+            }
+          } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
+            plan_ = p;
+          } else if constexpr (std::is_same_v<T, ScaleDecided>) {
+            world_size_ = p.to;
+            waiting_for_spare_ = std::min(waiting_for_spare_, vacant_slots());
+            ++scale_changes_;
+            stage_ = Stage::None;
+          } else if constexpr (std::is_same_v<T, RestartJob>) {
+            stage_ = Stage::Restart;
+            training_world_ = p.world_size;
+            ++restart_jobs_;
+            last_backoff_ = 0;
+          }
+        }
+      },
+      e.payload);
+}
+
+}  // namespace goodput

@@ -1,0 +1,137 @@
+// JobState is a pure fold over events: apply(event) is the only way it changes. It carries the
+// goodput accounting: every nanosecond of wall time lands in exactly one bucket, productive or one
+// of the losses, so the breakdown sums to wall time by construction (and is checked).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/checkpoint_manager.h"
+#include "engine/event.h"
+
+namespace goodput {
+
+enum class Loss : uint8_t {
+  Detection,        // the job had stopped but nobody knew yet
+  Restart,          // trainer processes starting (and restart backoff)
+  Scheduling,       // waiting for a relaunched node to be placed and up
+  Rendezvous,       // workers agreeing on the world
+  CheckpointLoad,   // restoring state
+  Recompute,        // progress thrown away: training since the checkpoint that was restored
+  CheckpointSave,   // training blocked by checkpoint saves
+  ReducedCapacity,  // training with fewer nodes than the target world
+  Slowdown,         // training slowed by a straggler
+  Idle,             // waiting for a spare node, or after giving up
+};
+constexpr int kLossCount = 10;
+std::string_view to_string(Loss l);
+
+// Where the job is; derived from what it has seen.
+enum class Phase : uint8_t { NotStarted, Scheduling, Idle, Restart, Rendezvous, CheckpointLoad, Training, Finished };
+std::string_view to_string(Phase p);
+
+class JobState {
+ public:
+  // REQUIRES: events in log order (seq increasing, time non-decreasing).
+  void apply(const Event& e);
+
+  // ---- the job ----
+  const JobStarted& job() const { return job_; }
+  bool started() const { return started_; }
+  bool finished() const { return finished_; }
+  const std::string& finish_reason() const { return finish_reason_; }
+  Phase phase() const;
+  Time start_time() const { return start_; }
+  Time now() const { return now_; }
+  uint64_t last_seq() const { return last_seq_; }
+
+  // ---- membership ----
+  int32_t world_size() const { return world_size_; }         // nodes in the (next) training world
+  int32_t nodes_held() const { return held_count_; }         // machines holding a slot
+  int32_t vacant_slots() const { return world_size_ > held_count_ ? world_size_ - held_count_ : 0; }
+  bool holds(NodeId n) const { return n >= 0 && static_cast<size_t>(n) < held_.size() && held_[n]; }
+  int32_t slowdown_permille() const { return slowdown_max_; }
+  // The job must restart its trainers and nobody has asked yet.
+  bool needs_restart() const { return started_ && !finished_ && stage_ == Stage::None && !gave_up_; }
+  // RestartJob decisions so far; the first one is the job's initial start.
+  int32_t restart_jobs() const { return restart_jobs_; }
+  int32_t restarts() const { return restart_jobs_ > 0 ? restart_jobs_ - 1 : 0; }
+  bool gave_up() const { return gave_up_; }
+
+  // ---- failures (for policies) ----
+  int32_t failures() const { return failures_; }
+  int32_t failures_of(NodeId n) const;
+  int32_t failures_since_checkpoint() const { return failures_since_checkpoint_; }
+  Duration last_backoff() const { return last_backoff_; }
+  int32_t memory_permille_of(NodeId n) const;
+
+  // ---- checkpoints ----
+  const CheckpointManager& checkpoints() const { return checkpoints_; }
+  const CheckpointPlanSet& checkpoint_plan() const { return plan_; }
+  int64_t checkpoints_saved(Tier t) const { return saved_[static_cast<size_t>(t)]; }
+  int64_t checkpoints_persisted() const { return persisted_; }
+
+  // ---- goodput ----
+  Duration wall() const { return started_ ? now_ - start_ : 0; }
+  Duration productive() const { return progress_; }
+  Duration loss(Loss l) const { return loss_[static_cast<size_t>(l)]; }
+  Duration losses_total() const;
+  int64_t steps_done() const { return job_.step_time > 0 ? progress_ / job_.step_time : 0; }
+  // Accelerator-ns held by the job, and accelerator-ns of kept progress.
+  double accelerator_ns_held() const { return accel_held_; }
+  double accelerator_ns_productive() const;
+  int32_t failures_by(Diagnosis d) const { return by_diagnosis_[static_cast<size_t>(d)]; }
+  int32_t decisions_by(RecoveryAction a) const { return by_action_[static_cast<size_t>(a)]; }
+  int32_t scale_changes() const { return scale_changes_; }
+
+ private:
+  enum class Stage : uint8_t { None, Restart, Rendezvous, Load, Training };
+  void accrue(Time until);
+  void add_loss(Loss l, Duration d) { loss_[static_cast<size_t>(l)] += d; }
+  void set_held(NodeId n, bool held);
+  void recompute_slowdown();
+
+  JobStarted job_;
+  CheckpointCosts costs_;
+  bool started_ = false;
+  bool finished_ = false;
+  bool gave_up_ = false;
+  std::string finish_reason_;
+  Time start_ = 0;
+  Time now_ = 0;
+  Time accrued_to_ = 0;
+  uint64_t last_seq_ = 0;
+  Stage stage_ = Stage::None;
+
+  int32_t world_size_ = 0;
+  int32_t held_count_ = 0;
+  int32_t waiting_for_spare_ = 0;
+  std::vector<bool> held_;
+  std::vector<int32_t> slowdown_;
+  std::vector<int32_t> node_failures_;
+  std::vector<int32_t> memory_permille_;
+  int32_t slowdown_max_ = 1000;
+  int32_t training_world_ = 0;
+  int32_t restart_jobs_ = 0;
+
+  int32_t failures_ = 0;
+  int32_t failures_since_checkpoint_ = 0;
+  Duration last_backoff_ = 0;
+  std::array<int32_t, kDiagnosisCount> by_diagnosis_{};
+  std::array<int32_t, kRecoveryActionCount> by_action_{};
+  int32_t scale_changes_ = 0;
+
+  CheckpointManager checkpoints_;
+  CheckpointPlanSet plan_;
+  std::array<int64_t, 3> saved_{};
+  int64_t persisted_ = 0;
+
+  Duration progress_ = 0;
+  std::array<Duration, kLossCount> loss_{};
+  double accel_held_ = 0;
+};
+
+}  // namespace goodput

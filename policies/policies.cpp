@@ -1,0 +1,364 @@
+// The shipped policies and their registry.
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "engine/event_json.h"
+#include "engine/json_reader.h"
+#include "policies/policy.h"
+
+namespace goodput {
+namespace {
+
+// ---- recovery ------------------------------------------------------------------------------------
+
+struct RecoveryLimits {
+  int32_t max_restarts_per_node = 3;  // software restarts of one node before it is relaunched instead
+  int32_t max_failures = 10000;       // failures of the whole job before giving up
+  Duration backoff_base = 0;          // wait before restart, doubled per failure without a checkpoint since
+  Duration backoff_max = 5 * kMinute;
+
+  void read(ConfigReader& r) {
+    max_restarts_per_node = static_cast<int32_t>(r.integer("max_restarts_per_node", max_restarts_per_node, 0, 1'000'000));
+    max_failures = static_cast<int32_t>(r.integer("max_failures", max_failures, 1, 100'000'000));
+    backoff_base = r.duration("backoff_base", backoff_base);
+    backoff_max = r.duration("backoff_max", backoff_max);
+  }
+  Duration backoff(const JobState& s) const {
+    if (backoff_base == 0) return 0;
+    const int32_t n = std::max(1, s.failures_since_checkpoint());
+    if (n > 40) return backoff_max;
+    const __int128 d = static_cast<__int128>(backoff_base) << (n - 1);
+    return d > backoff_max ? backoff_max : static_cast<Duration>(d);
+  }
+};
+
+// Diagnose each failure and fix the smallest thing that fixes it: a software error restarts the
+// processes in place (host memory, and the flash checkpoint in it, survive); a hardware error
+// relaunches the node elsewhere; an OOM relaunches it with more memory.
+class DiagnoseRecovery final : public RecoveryPolicy {
+ public:
+  explicit DiagnoseRecovery(ConfigReader& r) : table_(DiagnosisTable::defaults()) {
+    limits_.read(r);
+    memory_factor_ = r.number("oom_memory_factor", 1.5, 1.0, 64.0);
+    restore_memory_ = r.text("restore_from", "memory") == "memory";
+    if (const auto* rules = r.child("diagnosis")) table_ = DiagnosisTable::from_json(*rules, r.where() + ".diagnosis");
+    actions_ = {RecoveryAction::RestartProcess, RecoveryAction::RelaunchNode, RecoveryAction::RelaunchWithMoreMemory,
+                RecoveryAction::RelaunchNode, RecoveryAction::RestartProcess};
+    if (const auto* a = r.child("actions")) {
+      ConfigReader ar(*a, r.where() + ".actions");
+      for (int d = 0; d < kDiagnosisCount; ++d) {
+        const std::string key(to_string(static_cast<Diagnosis>(d)));
+        const std::string v = ar.text(key.c_str(), std::string(to_string(actions_[d])));
+        auto act = recovery_action_from(v);
+        if (!act) ar.fail(key.c_str(), "must be restart_process, relaunch_node, relaunch_with_more_memory or give_up");
+        actions_[d] = *act;
+      }
+      ar.finish();
+    }
+    const std::string rf = r.text("restore_from", "memory");
+    if (rf != "memory" && rf != "storage") r.fail("restore_from", "must be \"memory\" or \"storage\"");
+  }
+
+  RecoveryDecided on_failure(const JobState& s, const FailureObserved& f) const override {
+    const auto diag = table_.diagnose(f);
+    RecoveryDecided d;
+    d.node = f.node;
+    d.diagnosis = diag.diagnosis;
+    d.action = actions_[static_cast<size_t>(diag.diagnosis)];
+    d.attempt = s.failures_of(f.node);
+    d.rule = *diag.rule;
+    if (d.action == RecoveryAction::RestartProcess && d.attempt > limits_.max_restarts_per_node) {
+      d.action = RecoveryAction::RelaunchNode;
+      d.rule = "escalate: node failed " + std::to_string(d.attempt) + " times";
+    }
+    if (d.action == RecoveryAction::RelaunchWithMoreMemory)
+      d.memory_permille = static_cast<int32_t>(std::lround(memory_factor_ * 1000));
+    if (s.failures() > limits_.max_failures) {
+      d.action = RecoveryAction::GiveUp;
+      d.rule = "give up: " + std::to_string(s.failures()) + " failures";
+    }
+    d.backoff = limits_.backoff(s);
+    return d;
+  }
+  bool restore_from_memory() const override { return restore_memory_; }
+
+ private:
+  DiagnosisTable table_;
+  RecoveryLimits limits_;
+  double memory_factor_ = 1.5;
+  bool restore_memory_ = true;
+  std::array<RecoveryAction, kDiagnosisCount> actions_{};
+};
+
+// The torchrun baseline: any failure tears down the whole group and restarts it from the last
+// checkpoint in storage. A machine that is gone has to be replaced first, but nothing is diagnosed.
+class RestartAllRecovery final : public RecoveryPolicy {
+ public:
+  explicit RestartAllRecovery(ConfigReader& r) { limits_.read(r); }
+  RecoveryDecided on_failure(const JobState& s, const FailureObserved& f) const override {
+    RecoveryDecided d;
+    d.node = f.node;
+    d.diagnosis = Diagnosis::Unknown;
+    const bool machine_gone = f.kind == FailureKind::NodeLost || f.kind == FailureKind::Maintenance;
+    d.action = machine_gone ? RecoveryAction::RelaunchNode : RecoveryAction::RestartProcess;
+    d.attempt = s.failures_of(f.node);
+    d.rule = machine_gone ? "machine gone" : "restart all";
+    if (s.failures() > limits_.max_failures) {
+      d.action = RecoveryAction::GiveUp;
+      d.rule = "give up: " + std::to_string(s.failures()) + " failures";
+    }
+    d.backoff = limits_.backoff(s);
+    return d;
+  }
+  bool restore_from_memory() const override { return false; }
+
+ private:
+  RecoveryLimits limits_;
+};
+
+// ---- checkpoint ----------------------------------------------------------------------------------
+
+struct PlanShape {
+  Tier tier = Tier::Storage;
+  int32_t persist_every = 0;
+};
+
+int64_t steps_for(Duration interval, Duration step_time) {
+  if (step_time <= 0) return 1;
+  return std::max<int64_t>(1, (interval + step_time / 2) / step_time);
+}
+
+PlanShape read_shape(ConfigReader& r, Tier default_tier, int32_t default_persist) {
+  PlanShape s;
+  const std::string tier = r.text("tier", std::string(to_string(default_tier)));
+  auto t = tier_from(tier);
+  if (!t || *t == Tier::None) r.fail("tier", "must be \"memory\" or \"storage\"");
+  s.tier = *t;
+  s.persist_every = static_cast<int32_t>(r.integer("persist_every", s.tier == Tier::Memory ? default_persist : 0, 0, 1'000'000));
+  if (s.tier == Tier::Storage && s.persist_every != 0) r.fail("persist_every", "applies only to tier \"memory\"");
+  return s;
+}
+
+// A fixed interval, given as a duration of training ("interval") or in steps ("every_steps").
+class FixedCheckpoint final : public CheckpointPolicy {
+ public:
+  FixedCheckpoint(ConfigReader& r, Tier default_tier, int32_t default_persist, Duration default_interval) {
+    shape_ = read_shape(r, default_tier, default_persist);
+    interval_ = r.duration("interval", default_interval);
+    every_steps_ = r.integer("every_steps", 0, 0, int64_t{1} << 50);
+    if (interval_ <= 0 && every_steps_ == 0) r.fail("interval", "must be positive");
+  }
+  std::optional<CheckpointPlanSet> plan(const JobState& s, const EventPayload& e) const override {
+    if (!std::holds_alternative<JobStarted>(e)) return std::nullopt;
+    CheckpointPlanSet p;
+    p.every_steps = every_steps_ > 0 ? every_steps_ : steps_for(interval_, s.job().step_time);
+    p.tier = shape_.tier;
+    p.persist_every = shape_.persist_every;
+    p.reason = every_steps_ > 0 ? "fixed: every " + std::to_string(every_steps_) + " steps"
+                                : "fixed: every " + format_duration(interval_) + " of training";
+    return p;
+  }
+
+ private:
+  PlanShape shape_;
+  Duration interval_ = 0;
+  int64_t every_steps_ = 0;
+};
+
+// Young/Daly: the interval that balances the cost of saving against the work lost to a failure,
+// sqrt(2 * save_cost * MTBF). MTBF is re-estimated from the failures seen so far, starting from a prior.
+class YoungDalyCheckpoint final : public CheckpointPolicy {
+ public:
+  explicit YoungDalyCheckpoint(ConfigReader& r) {
+    shape_ = read_shape(r, Tier::Storage, 10);
+    mtbf_prior_ = r.duration("mtbf_prior", 4 * kHour);
+    min_interval_ = r.duration("min_interval", 10 * kSecond);
+    max_interval_ = r.duration("max_interval", 24 * kHour);
+    replan_threshold_ = r.number("replan_threshold", 0.1, 0.0, 10.0);
+    if (mtbf_prior_ <= 0) r.fail("mtbf_prior", "must be positive");
+  }
+  static Duration interval(Duration save_cost, Duration mtbf) {
+    return static_cast<Duration>(std::sqrt(2.0 * static_cast<double>(save_cost) * static_cast<double>(mtbf)));
+  }
+  std::optional<CheckpointPlanSet> plan(const JobState& s, const EventPayload& e) const override {
+    const bool start = std::holds_alternative<JobStarted>(e);
+    if (!start && !std::holds_alternative<FailureObserved>(e)) return std::nullopt;
+    const Duration cost = CheckpointCosts::from(s.job()).save(shape_.tier);
+    // The prior counts as one failure observed after mtbf_prior of running.
+    const Duration mtbf = (s.wall() + mtbf_prior_) / (s.failures() + 1);
+    const Duration iv = std::clamp(interval(std::max<Duration>(cost, 1), mtbf), min_interval_, max_interval_);
+    const int64_t steps = steps_for(iv, s.job().step_time);
+    const int64_t current = s.checkpoint_plan().every_steps;
+    if (!start && current > 0 &&
+        std::abs(static_cast<double>(steps - current)) <= replan_threshold_ * static_cast<double>(current))
+      return std::nullopt;
+    CheckpointPlanSet p;
+    p.every_steps = steps;
+    p.tier = shape_.tier;
+    p.persist_every = shape_.persist_every;
+    p.reason = "young-daly: save " + format_seconds(cost) + "s, mtbf " + format_duration(mtbf) + " -> every " +
+               format_duration(iv);
+    return p;
+  }
+
+ private:
+  PlanShape shape_;
+  Duration mtbf_prior_, min_interval_, max_interval_;
+  double replan_threshold_;
+};
+
+// ---- scaling -------------------------------------------------------------------------------------
+
+// Never change the world size: a lost node's slot waits for a spare.
+class WaitScaling final : public ScalingPolicy {
+ public:
+  std::optional<ScaleDecided> decide(const JobState&, const EventPayload&) const override { return std::nullopt; }
+};
+
+// Keep training with the nodes that are there when no spare is free; grow back when nodes join.
+class ElasticScaling final : public ScalingPolicy {
+ public:
+  explicit ElasticScaling(ConfigReader& r) {
+    min_nodes_ = static_cast<int32_t>(r.integer("min_nodes", 1, 1, 1'000'000));
+  }
+  std::optional<ScaleDecided> decide(const JobState& s, const EventPayload& e) const override {
+    const int32_t world = s.world_size();
+    const int32_t held = s.nodes_held();
+    if (std::holds_alternative<NoSpareNode>(e) && held < world && held >= min_nodes_)
+      return ScaleDecided{world, held, "no spare node: continue with " + std::to_string(held)};
+    if (std::holds_alternative<NodeJoined>(e) && held > world && world < s.job().nodes)
+      return ScaleDecided{world, std::min(held, s.job().nodes), "node joined: grow back"};
+    return std::nullopt;
+  }
+
+ private:
+  int32_t min_nodes_ = 1;
+};
+
+// ---- registry ------------------------------------------------------------------------------------
+
+template <class P> using Factory = std::function<std::shared_ptr<const P>(ConfigReader&)>;
+
+const std::map<std::string, Factory<RecoveryPolicy>>& recovery_registry() {
+  static const std::map<std::string, Factory<RecoveryPolicy>> m = {
+      {"diagnose", [](ConfigReader& r) { return std::make_shared<DiagnoseRecovery>(r); }},
+      {"restart-all", [](ConfigReader& r) { return std::make_shared<RestartAllRecovery>(r); }},
+  };
+  return m;
+}
+const std::map<std::string, Factory<CheckpointPolicy>>& checkpoint_registry() {
+  static const std::map<std::string, Factory<CheckpointPolicy>> m = {
+      {"fixed", [](ConfigReader& r) { return std::make_shared<FixedCheckpoint>(r, Tier::Storage, 0, 30 * kMinute); }},
+      {"flash", [](ConfigReader& r) { return std::make_shared<FixedCheckpoint>(r, Tier::Memory, 1, 2 * kMinute); }},
+      {"young-daly", [](ConfigReader& r) { return std::make_shared<YoungDalyCheckpoint>(r); }},
+  };
+  return m;
+}
+const std::map<std::string, Factory<ScalingPolicy>>& scaling_registry() {
+  static const std::map<std::string, Factory<ScalingPolicy>> m = {
+      {"wait", [](ConfigReader&) { return std::make_shared<WaitScaling>(); }},
+      {"elastic", [](ConfigReader& r) { return std::make_shared<ElasticScaling>(r); }},
+  };
+  return m;
+}
+
+template <class P>
+std::shared_ptr<const P> build(const nlohmann::json& config, const char* section, const std::string& fallback,
+                               const std::map<std::string, Factory<P>>& registry) {
+  static const nlohmann::json kEmpty = nlohmann::json::object();
+  const nlohmann::json& j = config.contains(section) ? config[section] : kEmpty;
+  ConfigReader r(j, section);
+  const std::string name = r.text("policy", fallback);
+  auto it = registry.find(name);
+  if (it == registry.end()) {
+    std::string known;
+    for (const auto& [k, _] : registry) known += (known.empty() ? "" : ", ") + k;
+    r.fail("policy", "names no known policy: '" + name + "' (known: " + known + ")");
+  }
+  auto p = it->second(r);
+  r.finish();
+  return p;
+}
+
+template <class M> std::vector<std::string> names(const M& m) {
+  std::vector<std::string> out;
+  for (const auto& [k, _] : m) out.push_back(k);
+  return out;
+}
+
+}  // namespace
+
+PolicySet load_policy(const nlohmann::json& config) {
+  try {
+    ConfigReader top(config, "");
+    PolicySet s;
+    s.name = top.text("name", "unnamed");
+    top.child("recovery");
+    top.child("checkpoint");
+    top.child("scaling");
+    top.child("description");
+    top.finish();
+    s.recovery = build(config, "recovery", "diagnose", recovery_registry());
+    s.checkpoint = build(config, "checkpoint", "flash", checkpoint_registry());
+    s.scaling = build(config, "scaling", "wait", scaling_registry());
+    s.config = config;
+    return s;
+  } catch (const ConfigError& e) {
+    throw PolicyError(e.what());
+  }
+}
+
+PolicySet load_policy_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw PolicyError(path + ": cannot open policy file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw PolicyError(path + ": not valid JSON: " + e.what());
+  }
+  try {
+    return load_policy(j);
+  } catch (const PolicyError& e) {
+    throw PolicyError(path + ": " + e.what());
+  }
+}
+
+PolicySet default_policy() { return load_policy(nlohmann::json{{"name", "default"}}); }
+
+std::vector<std::string> recovery_policy_names() { return names(recovery_registry()); }
+std::vector<std::string> checkpoint_policy_names() { return names(checkpoint_registry()); }
+std::vector<std::string> scaling_policy_names() { return names(scaling_registry()); }
+
+void set_config_path(nlohmann::json& config, const std::string& path, const std::string& value) {
+  nlohmann::json* node = &config;
+  std::stringstream ss(path);
+  std::string part;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) {
+    if (part.empty()) throw PolicyError("bad setting path '" + path + "'");
+    parts.push_back(part);
+  }
+  if (parts.empty()) throw PolicyError("bad setting path '" + path + "'");
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!node->is_object()) throw PolicyError("setting '" + path + "': '" + parts[i] + "' is not a section");
+    node = &(*node)[parts[i]];
+    if (node->is_null()) *node = nlohmann::json::object();
+  }
+  // Numbers and booleans stay typed; everything else (durations, names) is a string.
+  nlohmann::json v;
+  try {
+    v = nlohmann::json::parse(value);
+    if (!v.is_number() && !v.is_boolean()) v = value;
+  } catch (const nlohmann::json::parse_error&) {
+    v = value;
+  }
+  (*node)[parts.back()] = v;
+}
+
+}  // namespace goodput

@@ -1,0 +1,93 @@
+// Policies decide; they never act. Each is a pure function of (JobState, event): no clock, no I/O,
+// no randomness of its own. They are registered by name and configured from JSON, so one policy
+// file drives the simulator and the live master alike.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/event.h"
+#include "engine/job_state.h"
+
+namespace goodput {
+
+// Bad policy configuration; the message names the JSON field ("recovery.max_restarts_per_node").
+struct PolicyError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- diagnosis: a table of rules, first match wins --------------------------------------------------
+struct DiagnosisRule {
+  std::string name;
+  std::vector<FailureKind> kinds;          // empty: any
+  std::vector<int32_t> exit_codes;         // empty: any
+  std::vector<int32_t> signals;            // empty: any
+  std::vector<std::string> reason_contains;  // empty: any; case-insensitive substrings, any may match
+  Diagnosis diagnosis = Diagnosis::Unknown;
+};
+
+class DiagnosisTable {
+ public:
+  static DiagnosisTable defaults();
+  static DiagnosisTable from_json(const nlohmann::json& j, const std::string& where);  // throws PolicyError
+  struct Result {
+    Diagnosis diagnosis;
+    const std::string* rule;
+  };
+  Result diagnose(const FailureObserved& f) const;
+  const std::vector<DiagnosisRule>& rules() const { return rules_; }
+
+ private:
+  std::vector<DiagnosisRule> rules_;
+};
+
+// ---- the three kinds of policy -------------------------------------------------------------------------
+class RecoveryPolicy {
+ public:
+  virtual ~RecoveryPolicy() = default;
+  // REQUIRES: `state` has already applied `failure`.
+  virtual RecoveryDecided on_failure(const JobState& state, const FailureObserved& failure) const = 0;
+  // Whether a restart may load the host-memory checkpoint (flash) or must go to storage.
+  virtual bool restore_from_memory() const = 0;
+};
+
+class CheckpointPolicy {
+ public:
+  virtual ~CheckpointPolicy() = default;
+  // Called after every event the master sees; a new plan when the plan should change.
+  virtual std::optional<CheckpointPlanSet> plan(const JobState& state, const EventPayload& event) const = 0;
+};
+
+class ScalingPolicy {
+ public:
+  virtual ~ScalingPolicy() = default;
+  virtual std::optional<ScaleDecided> decide(const JobState& state, const EventPayload& event) const = 0;
+};
+
+struct PolicySet {
+  std::string name;
+  nlohmann::json config;  // as given, with defaults filled in
+  std::shared_ptr<const RecoveryPolicy> recovery;
+  std::shared_ptr<const CheckpointPolicy> checkpoint;
+  std::shared_ptr<const ScalingPolicy> scaling;
+};
+
+// {"name": "...", "recovery": {"policy": "diagnose", ...}, "checkpoint": {"policy": "flash", ...},
+//  "scaling": {"policy": "wait"}}. Missing sections take defaults. Throws PolicyError.
+PolicySet load_policy(const nlohmann::json& config);
+PolicySet load_policy_file(const std::string& path);
+// The policy used when none is given: diagnosis-driven recovery, flash checkpoints, wait for spares.
+PolicySet default_policy();
+
+std::vector<std::string> recovery_policy_names();
+std::vector<std::string> checkpoint_policy_names();
+std::vector<std::string> scaling_policy_names();
+
+// Sets "a.b.c" in a JSON config from a text value ("10m", "3", "true", "flash"); used by sweep --set.
+void set_config_path(nlohmann::json& config, const std::string& dotted_path, const std::string& value);
+
+}  // namespace goodput

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: install, build, run every test; then the same suite again under
+# AddressSanitizer + UndefinedBehaviorSanitizer (GOODPUT_SANITIZE=0 skips that second pass).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh build
+ctest --test-dir build --output-on-failure -j2
+if [ "${GOODPUT_SANITIZE:-1}" != 0 ]; then
+  BUILD_TYPE=Debug scripts/build.sh build-asan -DGOODPUT_SANITIZE=ON
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j2
+fi

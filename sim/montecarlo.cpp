@@ -1,0 +1,53 @@
+#include "sim/montecarlo.h"
+
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace goodput {
+
+std::vector<Report> run_monte_carlo(const Trace& trace, const PolicySet& policy, const MonteCarloOptions& o) {
+  const int runs = std::max(0, o.runs);
+  std::vector<Report> out(static_cast<size_t>(runs));
+  int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min(threads, std::max(runs, 1));
+  std::atomic<int> next{0}, done{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    for (int i = next++; i < runs; i = next++) {
+      try {
+        SimOptions so;
+        so.seed = o.seed + static_cast<uint64_t>(i);
+        so.resample = o.resample && !trace.rates.empty();
+        out[static_cast<size_t>(i)] = make_report(simulate(trace, policy, so));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next = runs;
+      }
+      const int d = ++done;
+      if (o.progress) o.progress(d, runs);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
+Duration young_daly_interval(const Trace& trace, Tier tier) {
+  double per_hour = 0;
+  for (const FailureRate& r : trace.rates) per_hour += r.per_node_hour * trace.cluster.nodes;
+  if (per_hour <= 0) return 0;
+  const double mtbf_ns = static_cast<double>(kHour) / per_hour;
+  const CheckpointCosts costs{trace.job.checkpoint_bytes_per_node, trace.job.memory_bandwidth_bytes_per_s,
+                              trace.job.storage_bandwidth_bytes_per_s};
+  return static_cast<Duration>(std::sqrt(2.0 * static_cast<double>(costs.save(tier)) * mtbf_ns));
+}
+
+}  // namespace goodput

@@ -1,0 +1,28 @@
+// Many independent runs of the simulator, spread over threads. Run i always uses seed + i and its
+// result always lands in slot i, so the output does not depend on the number of threads.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "engine/report.h"
+#include "sim/simulator.h"
+
+namespace goodput {
+
+struct MonteCarloOptions {
+  uint64_t seed = 1;
+  int runs = 1;
+  int threads = 0;  // 0: all hardware threads
+  bool resample = true;
+  // Called now and then from worker threads with (runs done, runs total); may be empty.
+  std::function<void(int, int)> progress;
+};
+
+std::vector<Report> run_monte_carlo(const Trace& trace, const PolicySet& policy, const MonteCarloOptions& options);
+
+// The Young/Daly checkpoint interval for this trace: sqrt(2 * storage save cost * MTBF), with MTBF
+// from the trace's failure rates over the job's nodes. 0 if the trace has no rates.
+Duration young_daly_interval(const Trace& trace, Tier tier);
+
+}  // namespace goodput

@@ -1,0 +1,405 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace goodput {
+
+Simulator::Simulator(const Trace& trace, PolicySet policies, SimOptions options, std::vector<EventSink*> sinks)
+    : trace_(trace),
+      options_(options),
+      master_(std::move(policies), clock_, *this, std::move(sinks)),
+      costs_{trace.job.checkpoint_bytes_per_node, trace.job.memory_bandwidth_bytes_per_s,
+             trace.job.storage_bandwidth_bytes_per_s},
+      machines_(static_cast<size_t>(trace.machines())),
+      slots_(static_cast<size_t>(trace.cluster.nodes)) {
+  const bool generate = options_.resample || (trace.events.empty() && !trace.rates.empty());
+  if (generate && trace.rates.empty())
+    throw TraceError(trace.path + ": --resample needs 'failure_rates' in the trace header");
+  events_ = generate ? generate_failures(trace, options_.seed) : trace.events;
+  for (int32_t m = 0; m < trace.machines(); ++m) free_.insert(m);
+}
+
+JobState simulate(const Trace& trace, const PolicySet& policies, const SimOptions& options) {
+  Simulator sim(trace, policies, options);
+  return sim.run();
+}
+
+const JobState& Simulator::run() {
+  for (size_t i = 0; i < events_.size(); ++i) queue_.push(events_[i].t, Item{ItemKind::TraceEvent, static_cast<int32_t>(i)});
+  if (trace_.job.duration > 0) queue_.push(trace_.job.duration, Item{ItemKind::Horizon});
+  master_.observe(trace_.job_started(master_.policies().name));
+  for (Slot& s : slots_) s.waiting = true;
+  try_fill();
+  while (!finished_ && !queue_.empty()) {
+    auto entry = queue_.pop();
+    clock_.advance_to(entry.time);
+    handle(entry.item);
+    check_invariants();
+  }
+  if (!finished_) {
+    // Nothing left to happen and no horizon: the job would wait forever (e.g. no spare ever returns).
+    stop_training();
+    finished_ = true;
+    master_.observe(JobFinished{"stuck", master_.state().steps_done()});
+  }
+  return master_.state();
+}
+
+void Simulator::check_invariants() const {
+  const JobState& s = master_.state();
+  if (s.productive() + s.losses_total() != s.wall())
+    throw std::logic_error("goodput breakdown does not sum to wall time at seq " + std::to_string(s.last_seq()) +
+                           " (trace " + trace_.path + ", seed " + std::to_string(options_.seed) + ")");
+  if (s.productive() < 0)
+    throw std::logic_error("negative productive time (seed " + std::to_string(options_.seed) + ")");
+}
+
+// ---- the training job ----------------------------------------------------------------------------
+
+int32_t Simulator::slowdown_max() const {
+  int32_t m = 1000;
+  for (const Slot& s : slots_)
+    if (s.machine >= 0 && machines_[s.machine].state == MachineState::InJob)
+      m = std::max(m, machines_[s.machine].slowdown_permille);
+  return m;
+}
+
+int64_t Simulator::work_now() const {
+  if (!training_) return seg_work_;
+  const __int128 dt = clock_.now() - seg_time_;
+  return seg_work_ + static_cast<int64_t>(dt * world_ * 1000 / (static_cast<__int128>(trace_.cluster.nodes) * slowdown_));
+}
+
+Duration Simulator::wall_for(int64_t work) const {
+  const __int128 num = static_cast<__int128>(work) * trace_.cluster.nodes * slowdown_;
+  const __int128 den = static_cast<__int128>(std::max(world_, 1)) * 1000;
+  return static_cast<Duration>((num + den - 1) / den);
+}
+
+void Simulator::stop_training() {
+  if (!training_) return;
+  int64_t w = work_now();
+  if (next_checkpoint_step_ > 0) w = std::min(w, next_checkpoint_step_ * trace_.job.step_time);  // mid-save
+  seg_work_ = w;
+  seg_time_ = clock_.now();
+  training_ = false;
+  ++train_gen_;
+}
+
+void Simulator::start_training(int64_t step) {
+  seg_work_ = step * trace_.job.step_time;
+  seg_time_ = clock_.now();
+  training_ = true;
+  stalled_ = false;
+  slowdown_ = slowdown_max();
+  schedule_training();
+}
+
+// Schedules the next checkpoint and the job's completion from the current anchor.
+void Simulator::schedule_training() {
+  ++train_gen_;
+  next_checkpoint_step_ = 0;
+  const Duration step = trace_.job.step_time;
+  if (plan_.every_steps > 0) {
+    next_checkpoint_step_ = (seg_work_ / step / plan_.every_steps + 1) * plan_.every_steps;
+    const Duration blocking = costs_.save(plan_.tier);
+    queue_.push(seg_time_ + wall_for(next_checkpoint_step_ * step - seg_work_) + blocking,
+                Item{ItemKind::CheckpointDone, 0, 0, train_gen_});
+  }
+  if (trace_.job.total_steps > 0) {
+    const int64_t left = std::max<int64_t>(0, trace_.job.total_steps * step - seg_work_);
+    queue_.push(seg_time_ + wall_for(left), Item{ItemKind::Completed, 0, 0, train_gen_});
+  }
+}
+
+// ---- the cluster ---------------------------------------------------------------------------------
+
+void Simulator::try_fill() {
+  for (int32_t s = 0; s < static_cast<int32_t>(slots_.size()); ++s) {
+    Slot& slot = slots_[s];
+    if (!slot.waiting) continue;
+    if (free_.empty()) {
+      if (!slot.reported) {
+        slot.reported = true;
+        queue_.push(clock_.now(), Item{ItemKind::NoSpare, s});
+      }
+      continue;
+    }
+    const int32_t m = *free_.begin();
+    free_.erase(free_.begin());
+    Machine& mach = machines_[m];
+    mach.state = MachineState::Joining;
+    mach.slot = s;
+    ++mach.gen;
+    slot.waiting = false;
+    slot.reported = false;
+    queue_.push(clock_.now() + trace_.job.node_scheduling, Item{ItemKind::Joined, s, m, mach.gen});
+  }
+}
+
+void Simulator::machine_down(int32_t m, Duration repair) {
+  Machine& mach = machines_[m];
+  if (mach.state == MachineState::Free) free_.erase(m);
+  mach.state = MachineState::Down;
+  ++mach.gen;
+  mach.slowdown_permille = 1000;
+  queue_.push(clock_.now() + (repair > 0 ? repair : trace_.cluster.repair_time), Item{ItemKind::Repaired, m, 0, mach.gen});
+}
+
+void Simulator::release_slot(int32_t s) {
+  Slot& slot = slots_[s];
+  if (slot.machine >= 0) {
+    Machine& mach = machines_[slot.machine];
+    if (mach.state != MachineState::Down) {
+      mach.state = MachineState::Free;
+      mach.slowdown_permille = 1000;
+      free_.insert(slot.machine);
+    }
+    mach.slot = -1;
+    slot.machine = -1;
+  }
+  slot.waiting = true;
+  slot.reported = false;
+}
+
+void Simulator::on_trace_event(const TraceEvent& e) {
+  int32_t m = e.node;
+  if (e.rank >= 0) {
+    m = slots_[e.rank].machine;
+    if (m < 0) return;  // nobody holds that rank right now (elastic world, or a slot waiting)
+  }
+  Machine& mach = machines_[m];
+  const bool machine_fault = e.type == TraceEventType::NodeFailure || e.type == TraceEventType::Maintenance;
+  switch (e.type) {
+    case TraceEventType::NodeReturn:
+      if (mach.state == MachineState::Down) queue_.push(clock_.now(), Item{ItemKind::Repaired, m, 0, mach.gen});
+      return;
+    case TraceEventType::Slowdown:
+      if (mach.state == MachineState::Down) return;
+      mach.slowdown_permille = e.slowdown_permille;
+      ++mach.slowdown_gen;
+      if (e.duration > 0) queue_.push(clock_.now() + e.duration, Item{ItemKind::SlowdownEnd, m, 0, mach.slowdown_gen});
+      if (mach.state == MachineState::InJob) {
+        if (training_) {
+          stop_training();
+          training_ = true;
+          slowdown_ = slowdown_max();
+          schedule_training();
+        }
+        master_.observe(SlowdownObserved{m, e.slowdown_permille});
+      }
+      return;
+    default: break;
+  }
+  switch (mach.state) {
+    case MachineState::Down: return;  // already down: nothing more to break
+    case MachineState::Free:
+      if (machine_fault) machine_down(m, e.duration);
+      return;
+    case MachineState::Joining:
+      if (machine_fault) {
+        const int32_t s = mach.slot;
+        machine_down(m, e.duration);
+        mach.slot = -1;
+        slots_[s].waiting = true;
+        try_fill();
+      }
+      return;
+    case MachineState::InJob: fault(m, e); return;
+  }
+}
+
+void Simulator::fault(int32_t m, const TraceEvent& e) {
+  if (training_ || !stalled_) {
+    stalled_since_ = clock_.now();
+    stalled_ = true;
+  }
+  stop_training();
+  ++restart_gen_;  // a restart in progress cannot complete without this node
+  FailureObserved f;
+  f.node = m;
+  f.reason = e.reason;
+  f.stalled_since = stalled_since_;
+  Duration latency = trace_.job.exit_detection;
+  switch (e.type) {
+    case TraceEventType::ProcessCrash:
+      f.kind = FailureKind::ProcessExit;
+      f.exit_code = e.exit_code;
+      f.signal = e.signal;
+      break;
+    case TraceEventType::Hang:
+      f.kind = FailureKind::Hang;
+      f.exit_code = 0;
+      latency = trace_.job.hang_timeout;
+      break;
+    case TraceEventType::Maintenance:
+      f.kind = FailureKind::Maintenance;
+      f.exit_code = 0;
+      latency = 0;  // planned: the drain is announced
+      break;
+    default:
+      f.kind = FailureKind::NodeLost;
+      f.exit_code = 0;
+      latency = trace_.job.heartbeat_timeout;
+      break;
+  }
+  if (f.kind == FailureKind::NodeLost || f.kind == FailureKind::Maintenance) {
+    ++persist_gen_;  // the node's part of an in-flight persist is gone
+    persisting_ = false;
+    machine_down(m, e.duration);  // it keeps its slot until the master relaunches it
+  }
+  detections_.push_back(std::move(f));
+  queue_.push(clock_.now() + latency, Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
+}
+
+// ---- the loop ------------------------------------------------------------------------------------
+
+void Simulator::handle(const Item& item) {
+  switch (item.kind) {
+    case ItemKind::TraceEvent: on_trace_event(events_[item.a]); return;
+    case ItemKind::Detect: master_.observe(detections_[item.a]); return;
+    case ItemKind::NoSpare: {
+      Slot& s = slots_[item.a];
+      if (s.waiting && free_.empty()) master_.observe(NoSpareNode{item.a});
+      else s.reported = false;
+      return;
+    }
+    case ItemKind::Joined: {
+      Machine& mach = machines_[item.b];
+      if (mach.gen != item.gen || mach.state != MachineState::Joining) return;
+      mach.state = MachineState::InJob;
+      slots_[item.a].machine = item.b;
+      master_.observe(NodeJoined{item.b, item.a, trace_.machine_name(item.b)});
+      return;
+    }
+    case ItemKind::Repaired: {
+      Machine& mach = machines_[item.a];
+      if (mach.gen != item.gen || mach.state != MachineState::Down) return;
+      ++mach.gen;
+      if (mach.slot >= 0 && slots_[mach.slot].machine == item.a) {
+        // Back before the master relaunched it: it serves its slot again.
+        mach.state = MachineState::InJob;
+      } else {
+        mach.state = MachineState::Free;
+        mach.slot = -1;
+        free_.insert(item.a);
+      }
+      master_.observe(NodeReturned{item.a});
+      try_fill();
+      return;
+    }
+    case ItemKind::SlowdownEnd: {
+      Machine& mach = machines_[item.a];
+      if (mach.slowdown_gen != item.gen || mach.state == MachineState::Down) return;
+      mach.slowdown_permille = 1000;
+      if (mach.state == MachineState::InJob) {
+        if (training_) {
+          stop_training();
+          training_ = true;
+          slowdown_ = slowdown_max();
+          schedule_training();
+        }
+        master_.observe(SlowdownObserved{item.a, 1000});
+      }
+      return;
+    }
+    case ItemKind::ProcessesUp:
+      if (item.gen != restart_gen_) return;
+      master_.observe(ProcessesStarted{restart_.world_size, restart_.restart});
+      queue_.push(clock_.now() + trace_.job.rendezvous, Item{ItemKind::RendezvousDone, 0, 0, restart_gen_});
+      return;
+    case ItemKind::RendezvousDone:
+      if (item.gen != restart_gen_) return;
+      master_.observe(RendezvousComplete{restart_.world_size, restart_.restart});
+      queue_.push(clock_.now() + costs_.load(restart_.restore_tier), Item{ItemKind::LoadDone, 0, 0, restart_gen_});
+      return;
+    case ItemKind::LoadDone:
+      if (item.gen != restart_gen_) return;
+      world_ = restart_.world_size;
+      start_training(restart_.restore_step);
+      master_.observe(CheckpointLoaded{restart_.restore_step, restart_.restore_tier, costs_.load(restart_.restore_tier)});
+      return;
+    case ItemKind::CheckpointDone: {
+      if (item.gen != train_gen_ || !training_) return;
+      const int64_t step = next_checkpoint_step_;
+      CheckpointSaved s{step, plan_.tier, costs_.save(plan_.tier), false};
+      if (plan_.tier == Tier::Memory && plan_.persist_every > 0 && ++memory_saves_ % plan_.persist_every == 0 &&
+          !persisting_) {
+        s.persist = true;  // a persist still in flight means this one is skipped: back-pressure
+        persisting_ = true;
+        persisting_step_ = step;
+        queue_.push(clock_.now() + costs_.persist(), Item{ItemKind::PersistDone, 0, 0, ++persist_gen_});
+      }
+      seg_work_ = step * trace_.job.step_time;
+      seg_time_ = clock_.now();
+      schedule_training();
+      master_.observe(s);
+      return;
+    }
+    case ItemKind::PersistDone:
+      if (item.gen != persist_gen_ || !persisting_) return;
+      persisting_ = false;
+      master_.observe(CheckpointPersisted{persisting_step_});
+      return;
+    case ItemKind::Completed:
+      if (item.gen != train_gen_ || !training_) return;
+      stop_training();
+      finished_ = true;
+      master_.observe(JobFinished{"completed", trace_.job.total_steps});
+      return;
+    case ItemKind::Horizon:
+      stop_training();
+      finished_ = true;
+      master_.observe(JobFinished{"horizon", seg_work_ / trace_.job.step_time});
+      return;
+  }
+}
+
+// ---- decisions -----------------------------------------------------------------------------------
+
+void Simulator::execute(const Event& d) {
+  std::visit(
+      [&](const auto& p) {
+        using T = std::decay_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, RecoveryDecided>) {
+          if (p.action != RecoveryAction::RelaunchNode && p.action != RecoveryAction::RelaunchWithMoreMemory) return;
+          const int32_t s = machines_[p.node].slot;
+          if (s < 0 || slots_[s].machine != p.node) return;  // already out of the job
+          // A node relaunched elsewhere leaves its machine behind for a health check and repair;
+          // one relaunched for memory leaves a healthy machine that may serve again.
+          if (p.action == RecoveryAction::RelaunchNode && machines_[p.node].state != MachineState::Down)
+            machine_down(p.node, 0);
+          release_slot(s);
+          try_fill();
+        } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
+          plan_ = p;
+          if (training_) {
+            stop_training();
+            training_ = true;
+            schedule_training();
+          }
+        } else if constexpr (std::is_same_v<T, RestartJob>) {
+          stop_training();
+          ++restart_gen_;
+          restart_ = p;
+          // A machine that is down cannot start its trainer: the restart fails and is noticed.
+          for (const Slot& s : slots_) {
+            if (s.machine >= 0 && machines_[s.machine].state == MachineState::Down) {
+              FailureObserved f{s.machine, FailureKind::NodeLost, 0, 0, "node unreachable during restart", clock_.now()};
+              detections_.push_back(std::move(f));
+              queue_.push(clock_.now() + trace_.job.heartbeat_timeout,
+                          Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
+              return;
+            }
+          }
+          queue_.push(clock_.now() + p.delay + trace_.job.process_restart, Item{ItemKind::ProcessesUp, 0, 0, restart_gen_});
+        } else if constexpr (std::is_same_v<T, JobFinished>) {
+          stop_training();
+          finished_ = true;
+        }
+      },
+      d.payload);
+}
+
+}  // namespace goodput

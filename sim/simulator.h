@@ -1,0 +1,108 @@
+// The simulator is a Backend: a virtual cluster and training job driven by a trace, on a virtual
+// clock. It reports what happens to the JobMaster as observations and carries out the master's
+// decisions, exactly as a live backend would, so the policies cannot tell the difference.
+#pragma once
+
+#include <set>
+#include <vector>
+
+#include "engine/clock.h"
+#include "engine/event_queue.h"
+#include "engine/job_master.h"
+#include "sim/trace.h"
+
+namespace goodput {
+
+struct SimOptions {
+  uint64_t seed = 1;
+  // Draw failures from the trace's rates with the seed even when it lists events of its own.
+  bool resample = false;
+};
+
+class Simulator final : public Backend {
+ public:
+  Simulator(const Trace& trace, PolicySet policies, SimOptions options, std::vector<EventSink*> sinks = {});
+  // Runs the job to its end (horizon, step target, or giving up) and returns the final state.
+  // Throws std::logic_error if an invariant breaks (a bug), naming the seed that reproduces it.
+  const JobState& run();
+  const JobState& state() const { return master_.state(); }
+  // The failures this run replays (the trace's own, or drawn from its rates).
+  const std::vector<TraceEvent>& failures() const { return events_; }
+
+  void execute(const Event& decision) override;
+
+ private:
+  enum class ItemKind : uint8_t {
+    TraceEvent, Detect, Joined, Repaired, ProcessesUp, RendezvousDone, LoadDone, CheckpointDone, PersistDone,
+    SlowdownEnd, Completed, Horizon, NoSpare
+  };
+  struct Item {
+    ItemKind kind;
+    int32_t a = 0;
+    int32_t b = 0;
+    uint64_t gen = 0;
+  };
+  enum class MachineState : uint8_t { Free, Joining, InJob, Down };
+  struct Machine {
+    MachineState state = MachineState::Free;
+    int32_t slot = -1;
+    uint64_t gen = 0;  // bumped when a pending join or repair is cancelled
+    int32_t slowdown_permille = 1000;
+    uint64_t slowdown_gen = 0;
+  };
+  struct Slot {
+    int32_t machine = -1;
+    bool waiting = false;   // needs a machine
+    bool reported = false;  // NoSpareNode already observed for this wait
+  };
+
+  void handle(const Item& item);
+  void on_trace_event(const TraceEvent& e);
+  void fault(int32_t m, const TraceEvent& e);
+  void machine_down(int32_t m, Duration repair);
+  void release_slot(int32_t slot);
+  void try_fill();
+  void stop_training();
+  void start_training(int64_t step);
+  void schedule_training();
+  int64_t work_now() const;
+  Duration wall_for(int64_t work) const;
+  int32_t slowdown_max() const;
+  void check_invariants() const;
+
+  const Trace& trace_;
+  SimOptions options_;
+  VirtualClock clock_;
+  JobMaster master_;
+  CheckpointCosts costs_;
+  EventQueue<Item> queue_;
+  std::vector<TraceEvent> events_;
+  std::vector<FailureObserved> detections_;
+  std::vector<Machine> machines_;
+  std::vector<Slot> slots_;
+  std::set<int32_t> free_;
+  bool finished_ = false;
+
+  // The training job, ground truth.
+  bool training_ = false;
+  bool stalled_ = false;
+  Time stalled_since_ = 0;
+  Time seg_time_ = 0;
+  int64_t seg_work_ = 0;  // ns of full-speed work done at seg_time_ (step = work / step_time)
+  int32_t world_ = 0;
+  int32_t slowdown_ = 1000;
+  uint64_t train_gen_ = 0;
+  uint64_t restart_gen_ = 0;
+  uint64_t persist_gen_ = 0;
+  bool persisting_ = false;
+  int64_t persisting_step_ = 0;
+  int64_t next_checkpoint_step_ = 0;
+  int64_t memory_saves_ = 0;
+  CheckpointPlanSet plan_;
+  RestartJob restart_;
+};
+
+// A run for Monte Carlo and compare: no log kept, only the final state.
+JobState simulate(const Trace& trace, const PolicySet& policies, const SimOptions& options);
+
+}  // namespace goodput

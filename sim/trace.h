@@ -1,0 +1,96 @@
+// Traces: what a cluster did to a job, as JSON Lines. Line 1 is the header (cluster, job cost model,
+// optional per-cause failure rates); every other line is one timed event. The schema is documented
+// in traces/SCHEMA.md. The loader is strict: every error names the file, the line and the field.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/event.h"
+#include "engine/time.h"
+
+namespace goodput {
+
+constexpr int kTraceVersion = 1;
+
+struct TraceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ClusterSpec {
+  int32_t nodes = 0;  // the job's target world, n0 .. n{nodes-1}
+  int32_t accelerators_per_node = 8;
+  int32_t spare_nodes = 0;  // s0 .. s{spare_nodes-1}, free at the start
+  Duration repair_time = 4 * kHour;  // a failed machine is back in the pool after this
+};
+
+struct JobSpec {
+  std::string name = "job";
+  Duration step_time = kSecond;
+  int64_t total_steps = 0;  // 0: run until the horizon
+  Duration duration = 0;    // the horizon: the replay stops here (wall time)
+  int64_t checkpoint_bytes_per_node = 0;
+  int64_t memory_bandwidth_bytes_per_s = 10'000'000'000;
+  int64_t storage_bandwidth_bytes_per_s = 1'000'000'000;
+  Duration process_restart = 30 * kSecond;  // trainer processes up again
+  Duration node_scheduling = 2 * kMinute;   // a spare node placed and its agent up
+  Duration rendezvous = 10 * kSecond;
+  Duration exit_detection = 1 * kSecond;     // a process exit reaches the master
+  Duration heartbeat_timeout = 30 * kSecond;  // a dead node is noticed
+  Duration hang_timeout = 10 * kMinute;       // a hung job is noticed (NCCL default)
+};
+
+enum class TraceEventType : uint8_t { NodeFailure, ProcessCrash, Hang, Slowdown, Maintenance, NodeReturn };
+std::string_view to_string(TraceEventType t);
+
+struct TraceEvent {
+  Time t = 0;
+  TraceEventType type = TraceEventType::NodeFailure;
+  int32_t node = -1;  // a machine (index into Trace::machine_names), or
+  int32_t rank = -1;  // whichever machine holds this rank slot at time t
+  std::string reason;
+  int32_t exit_code = 1;
+  int32_t signal = 0;
+  int32_t slowdown_permille = 1000;
+  Duration duration = 0;  // slowdown: how long (0: until the node leaves); failures: repair override
+  int line = 0;           // in the file, for messages
+};
+
+// Failures per node-hour of one cause; `goodput sweep` and generative replays draw from these.
+struct FailureRate {
+  TraceEventType type = TraceEventType::NodeFailure;
+  std::string reason;
+  double per_node_hour = 0;
+  int32_t exit_code = 1;
+};
+
+struct Trace {
+  int version = kTraceVersion;
+  std::string name;
+  std::string source;
+  std::string path;  // where it was loaded from, for messages
+  ClusterSpec cluster;
+  JobSpec job;
+  std::vector<FailureRate> rates;
+  std::vector<TraceEvent> events;
+
+  int32_t machines() const { return cluster.nodes + cluster.spare_nodes; }
+  std::string machine_name(int32_t m) const;
+  std::optional<int32_t> machine_index(std::string_view name) const;
+  JobStarted job_started(const std::string& policy) const;
+};
+
+// Throws TraceError("FILE:LINE: field 'x': ...").
+Trace load_trace(const std::string& path);
+Trace parse_trace(const std::string& text, const std::string& name_for_errors);
+// Canonical JSON Lines; parse_trace(write_trace(t)) == t.
+std::string write_trace(const Trace& t);
+
+// Draws failures from the trace's rates over its horizon: each cause is a Poisson process over the
+// job's rank slots. Deterministic for a seed.
+std::vector<TraceEvent> generate_failures(const Trace& t, uint64_t seed);
+
+}  // namespace goodput

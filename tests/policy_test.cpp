@@ -1,0 +1,151 @@
+// Policies are pure functions of state and event; these tests feed them states and read decisions.
+#include <doctest/doctest.h>
+
+#include "engine/event_json.h"
+#include "policies/policy.h"
+#include "test_util.h"
+
+using namespace goodput;
+
+namespace {
+FailureObserved exit_with(int code, int sig, const char* reason) {
+  return FailureObserved{0, FailureKind::ProcessExit, code, sig, reason, 0};
+}
+Diagnosis diagnose(const FailureObserved& f) { return DiagnosisTable::defaults().diagnose(f).diagnosis; }
+
+JobState running_state(int nodes = 4) {
+  JobState s;
+  uint64_t seq = 0;
+  s.apply(Event{++seq, 0, JobStarted{"j", nodes, 8, kSecond, 0, 2'000'000'000, 10'000'000'000, 1'000'000'000, "p"}});
+  for (int i = 0; i < nodes; ++i) s.apply(Event{++seq, 0, NodeJoined{i, i, "n" + std::to_string(i)}});
+  return s;
+}
+}  // namespace
+
+TEST_CASE("the default diagnosis table reads exit codes, signals, kinds and reasons") {
+  CHECK(diagnose(exit_with(137, 9, "OOMKilled")) == Diagnosis::OutOfMemory);
+  CHECK(diagnose(exit_with(1, 0, "torch.cuda.OutOfMemoryError: CUDA out of memory")) == Diagnosis::OutOfMemory);
+  CHECK(diagnose(exit_with(1, 0, "RuntimeError: shape mismatch")) == Diagnosis::SoftwareError);
+  CHECK(diagnose(exit_with(-11, 11, "")) == Diagnosis::SoftwareError);
+  CHECK(diagnose(exit_with(1, 0, "NCCL error: unhandled system error, Xid 79 GPU has fallen off the bus")) ==
+        Diagnosis::HardwareError);
+  CHECK(diagnose(FailureObserved{0, FailureKind::NodeLost, 0, 0, "", 0}) == Diagnosis::HardwareError);
+  CHECK(diagnose(FailureObserved{0, FailureKind::Hang, 0, 0, "", 0}) == Diagnosis::Unknown);
+  CHECK(diagnose(FailureObserved{0, FailureKind::Maintenance, 0, 0, "", 0}) == Diagnosis::Preemption);
+  // An eviction moves the pod elsewhere, whatever the node was short of.
+  CHECK(diagnose(exit_with(1, 0, "The node was low on resource: memory. Evicted")) == Diagnosis::Preemption);
+  CHECK(diagnose(exit_with(0, 0, "Pod was Evicted by the kubelet")) == Diagnosis::Preemption);
+}
+
+TEST_CASE("a policy file can replace the diagnosis table and the action per diagnosis") {
+  const auto p = load_policy(nlohmann::json::parse(R"({
+    "recovery": {"policy": "diagnose",
+                 "diagnosis": [{"name": "segv", "signals": [11], "diagnosis": "hardware_error"},
+                               {"name": "rest", "diagnosis": "software_error"}],
+                 "actions": {"software_error": "give_up"}}})"));
+  JobState s = running_state();
+  s.apply(Event{s.last_seq() + 1, 1, exit_with(-11, 11, "")});
+  auto d = p.recovery->on_failure(s, exit_with(-11, 11, ""));
+  CHECK(d.diagnosis == Diagnosis::HardwareError);
+  CHECK(d.action == RecoveryAction::RelaunchNode);
+  CHECK(d.rule == "segv");
+  d = p.recovery->on_failure(s, exit_with(1, 0, ""));
+  CHECK(d.action == RecoveryAction::GiveUp);
+}
+
+TEST_CASE("OOM relaunches with more memory; backoff doubles while no checkpoint lands") {
+  const auto p = load_policy(nlohmann::json::parse(
+      R"({"recovery": {"policy": "diagnose", "oom_memory_factor": 2.0, "backoff_base": "10s", "backoff_max": "35s"}})"));
+  JobState s = running_state();
+  const auto oom = exit_with(137, 9, "OOMKilled");
+  Duration expected[] = {10 * kSecond, 20 * kSecond, 35 * kSecond, 35 * kSecond};
+  for (Duration e : expected) {
+    s.apply(Event{s.last_seq() + 1, s.now() + 1, oom});
+    const auto d = p.recovery->on_failure(s, oom);
+    CHECK(d.action == RecoveryAction::RelaunchWithMoreMemory);
+    CHECK(d.memory_permille == 2000);
+    CHECK(d.backoff == e);
+  }
+  s.apply(Event{s.last_seq() + 1, s.now() + 1, CheckpointSaved{10, Tier::Memory, 0, false}});
+  s.apply(Event{s.last_seq() + 1, s.now() + 1, oom});
+  CHECK(p.recovery->on_failure(s, oom).backoff == 10 * kSecond);
+}
+
+TEST_CASE("restart-all ignores diagnosis and restores from storage only") {
+  const auto p = load_policy(nlohmann::json::parse(R"({"recovery": {"policy": "restart-all"}})"));
+  JobState s = running_state();
+  CHECK_FALSE(p.recovery->restore_from_memory());
+  CHECK(p.recovery->on_failure(s, exit_with(137, 9, "OOMKilled")).action == RecoveryAction::RestartProcess);
+  CHECK(p.recovery->on_failure(s, FailureObserved{0, FailureKind::NodeLost, 0, 0, "", 0}).action ==
+        RecoveryAction::RelaunchNode);
+}
+
+TEST_CASE("Young/Daly plans sqrt(2 * save cost * MTBF) and re-plans as failures are seen") {
+  const auto p = load_policy(nlohmann::json::parse(
+      R"({"checkpoint": {"policy": "young-daly", "tier": "storage", "mtbf_prior": "8h"}})"));
+  JobState s = running_state();
+  const EventPayload start = s.job();
+  auto plan = p.checkpoint->plan(s, start);
+  REQUIRE(plan);
+  // Save to storage: 2 GB at 1 GB/s = 2 s. sqrt(2 * 2 s * 28800 s) = 339.4 s -> 339 one-second steps.
+  CHECK(plan->every_steps == 339);
+  CHECK(plan->tier == Tier::Storage);
+  s.apply(Event{s.last_seq() + 1, s.now(), *plan});
+  // Seven failures in the first hour: MTBF estimate (1 h + 8 h) / 8 = 4050 s -> sqrt(2*2*4050) = 127 s.
+  for (int i = 0; i < 7; ++i) s.apply(Event{s.last_seq() + 1, kHour, exit_with(1, 0, "")});
+  const EventPayload f = exit_with(1, 0, "");
+  auto replan = p.checkpoint->plan(s, f);
+  REQUIRE(replan);
+  CHECK(replan->every_steps == 127);
+}
+
+TEST_CASE("elastic scaling shrinks when no spare is free and grows when a node joins") {
+  const auto p = load_policy(nlohmann::json::parse(R"({"scaling": {"policy": "elastic", "min_nodes": 3}})"));
+  JobState s = running_state(4);
+  s.apply(Event{s.last_seq() + 1, 1, RecoveryDecided{2, Diagnosis::HardwareError, RecoveryAction::RelaunchNode, 1, 0, 1000, ""}});
+  const EventPayload none = NoSpareNode{2};
+  auto d = p.scaling->decide(s, none);
+  REQUIRE(d);
+  CHECK(d->to == 3);
+  s.apply(Event{s.last_seq() + 1, 2, *d});
+  s.apply(Event{s.last_seq() + 1, 3, NodeJoined{7, 2, "s0"}});
+  const EventPayload joined = NodeJoined{7, 2, "s0"};
+  d = p.scaling->decide(s, joined);
+  REQUIRE(d);
+  CHECK(d->to == 4);
+  // Below min_nodes it waits instead.
+  JobState t = running_state(3);
+  t.apply(Event{t.last_seq() + 1, 1, RecoveryDecided{2, Diagnosis::HardwareError, RecoveryAction::RelaunchNode, 1, 0, 1000, ""}});
+  CHECK_FALSE(p.scaling->decide(t, none));
+}
+
+TEST_CASE("bad policy files name the field that is wrong") {
+  auto err = [](const char* json) {
+    try {
+      load_policy(nlohmann::json::parse(json));
+    } catch (const PolicyError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(err(R"({"recovery": {"policy": "pray"}})").find("recovery.policy' names no known policy: 'pray'") != std::string::npos);
+  CHECK(err(R"({"recovery": {"max_restarts_per_node": -1}})").find("recovery.max_restarts_per_node") != std::string::npos);
+  CHECK(err(R"({"checkpoint": {"policy": "fixed", "interval": "soon"}})").find("checkpoint.interval' is not a valid duration") != std::string::npos);
+  CHECK(err(R"({"checkpoint": {"policy": "fixed", "tier": "storage", "persist_every": 2}})").find("persist_every") != std::string::npos);
+  CHECK(err(R"({"scaling": {"policy": "elastic", "min_nodez": 2}})").find("scaling.min_nodez' is not a known setting") != std::string::npos);
+  CHECK(err(R"({"recovery": {"diagnosis": [{"diagnosis": "gremlins"}]}})").find("recovery.diagnosis[0].diagnosis") != std::string::npos);
+  CHECK(err(R"({"recovery": {"actions": {"software_error": "reboot the datacenter"}}})").find("recovery.actions.software_error") != std::string::npos);
+  CHECK(err(R"({"recovry": {}})").find("'recovry' is not a known setting") != std::string::npos);
+  CHECK(err(R"([1,2])").find("must be a JSON object") != std::string::npos);
+}
+
+TEST_CASE("sweep settings are set by dotted path, typed where they look like numbers") {
+  nlohmann::json c = nlohmann::json::object();
+  set_config_path(c, "checkpoint.interval", "10m");
+  set_config_path(c, "recovery.max_restarts_per_node", "5");
+  set_config_path(c, "recovery.policy", "restart-all");
+  CHECK(c["checkpoint"]["interval"] == "10m");
+  CHECK(c["recovery"]["max_restarts_per_node"] == 5);
+  CHECK(c["recovery"]["policy"] == "restart-all");
+  CHECK_THROWS_AS(set_config_path(c, "a..b", "1"), PolicyError);
+}

@@ -1,0 +1,238 @@
+// The simulator against numbers worked out by hand, and its promises: determinism, a breakdown
+// that sums to wall time, and the right recovery path for each kind of failure.
+#include <doctest/doctest.h>
+
+#include "engine/event_json.h"
+#include "engine/report.h"
+#include "sim/montecarlo.h"
+#include "sim/simulator.h"
+#include "test_util.h"
+
+using namespace goodput;
+using namespace goodput::test;
+
+namespace {
+
+PolicySet policy(const std::string& json) { return load_policy(nlohmann::json::parse(json)); }
+
+const char* kStorageEvery100 =
+    R"({"name":"fixed","checkpoint":{"policy":"fixed","every_steps":100,"tier":"storage"}})";
+const char* kFlashEvery100 =
+    R"({"name":"flash","checkpoint":{"policy":"flash","every_steps":100,"persist_every":1}})";
+
+Duration ms(int64_t v) { return v * kMillisecond; }
+
+void check_sums(const JobState& s) {
+  CHECK(s.productive() + s.losses_total() == s.wall());
+}
+
+}  // namespace
+
+TEST_CASE("failure-free goodput is one minus the checkpoint and start-up overhead, to the nanosecond") {
+  // Start-up: nodes placed at 60 s, trainers up at 90 s, rendezvous done at 100 s, nothing to load.
+  // Then cycles of 100 one-second steps and a 2 s blocking save: 50 cycles end at 5200 s, and 50 s
+  // of training follow until the 5250 s horizon.
+  const Trace t = small_trace(5250 * kSecond);
+  Simulator sim(t, policy(kStorageEvery100), SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.wall() == 5250 * kSecond);
+  CHECK(s.loss(Loss::Scheduling) == 60 * kSecond);
+  CHECK(s.loss(Loss::Restart) == 30 * kSecond);
+  CHECK(s.loss(Loss::Rendezvous) == 10 * kSecond);
+  CHECK(s.loss(Loss::CheckpointSave) == 50 * 2 * kSecond);
+  CHECK(s.loss(Loss::Recompute) == 0);
+  CHECK(s.productive() == (5250 - 60 - 30 - 10 - 100) * kSecond);
+  CHECK(s.checkpoints_saved(Tier::Storage) == 50);
+  CHECK(s.steps_done() == 5050);
+  const Report r = make_report(s);
+  CHECK(r.goodput == doctest::Approx(5050.0 / 5250.0).epsilon(1e-12));
+  // No accelerator is held while the nodes are being placed (the first 60 s).
+  CHECK(r.accelerator_goodput == doctest::Approx(5050.0 / 5190.0).epsilon(1e-12));
+  check_sums(s);
+}
+
+TEST_CASE("a software crash restarts processes in place and restores the memory checkpoint") {
+  // Flash: 0.2 s memory save every 100 steps, so checkpoint k completes at 100 + 100.2 k s.
+  // The crash at 1000.5 s follows checkpoint 8 (step 800, 901.6 s); 898.9 s of training are lost.
+  Trace t = small_trace(2000 * kSecond);
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::ProcessCrash, "n1", t, "Segmentation fault"));
+  t.events.back().signal = 11;
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.failures() == 1);
+  CHECK(s.failures_by(Diagnosis::SoftwareError) == 1);
+  CHECK(s.decisions_by(RecoveryAction::RestartProcess) == 1);
+  CHECK(s.loss(Loss::Detection) == kSecond);
+  CHECK(s.loss(Loss::Restart) == 2 * 30 * kSecond);
+  CHECK(s.loss(Loss::Rendezvous) == 2 * 10 * kSecond);
+  CHECK(s.loss(Loss::CheckpointLoad) == ms(200));       // from memory
+  CHECK(s.loss(Loss::Recompute) == ms(98'900));         // 898.9 s trained, 800 s kept
+  CHECK(s.loss(Loss::Scheduling) == 60 * kSecond);      // start-up only: no node relaunched
+  CHECK(s.nodes_held() == 4);
+  check_sums(s);
+}
+
+TEST_CASE("a node failure relaunches the node on a spare and restores from storage") {
+  // Detected after the 30 s heartbeat timeout; the spare is up 60 s later; the newest persisted
+  // checkpoint is step 800 (persisted at 903.6 s); loading it from storage takes 2 s.
+  Trace t = small_trace(2000 * kSecond, /*spares=*/1);
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n2", t, "Faulty GPU"));
+  MemoryStore log;
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{}, {&log});
+  const JobState& s = sim.run();
+  CHECK(s.failures_by(Diagnosis::HardwareError) == 1);
+  CHECK(s.decisions_by(RecoveryAction::RelaunchNode) == 1);
+  CHECK(s.loss(Loss::Detection) == 30 * kSecond);
+  CHECK(s.loss(Loss::Scheduling) == 2 * 60 * kSecond);
+  CHECK(s.loss(Loss::CheckpointLoad) == 2 * kSecond);
+  CHECK(s.loss(Loss::Recompute) == ms(98'900));
+  CHECK(s.holds(*t.machine_index("s0")));
+  CHECK_FALSE(s.holds(*t.machine_index("n2")));
+  // The restart loaded step 800 from storage.
+  bool loaded = false;
+  for (const Event& e : log.events())
+    if (const auto* l = std::get_if<CheckpointLoaded>(&e.payload); l && l->tier == Tier::Storage) {
+      CHECK(l->step == 800);
+      loaded = true;
+    }
+  CHECK(loaded);
+  check_sums(s);
+}
+
+TEST_CASE("without a spare the job waits idle until the machine is repaired") {
+  Trace t = small_trace(8000 * kSecond, /*spares=*/0);
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n2", t, "GPU HBM3 memory"));
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{});
+  const JobState& s = sim.run();
+  // Decided at 1030.5 s, repaired at 1000.5 + 3600 s: 3570 s idle, then 60 s to place it again.
+  CHECK(s.loss(Loss::Idle) == 3570 * kSecond);
+  CHECK(s.loss(Loss::Scheduling) == 2 * 60 * kSecond);
+  CHECK(s.holds(*t.machine_index("n2")));
+  check_sums(s);
+}
+
+TEST_CASE("elastic scaling keeps training on fewer nodes and grows back") {
+  Trace t = small_trace(8000 * kSecond, /*spares=*/0);
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n2", t, "GPU HBM3 memory"));
+  Simulator sim(t, policy(R"({"checkpoint":{"policy":"flash","every_steps":100},"scaling":{"policy":"elastic"}})"),
+                SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.scale_changes() == 2);  // 4 -> 3, then back to 4
+  CHECK(s.world_size() == 4);
+  CHECK(s.loss(Loss::Idle) == 0);
+  // A quarter of the capacity is missing while 3 nodes train: roughly 3500 s / 4.
+  CHECK(s.loss(Loss::ReducedCapacity) > 800 * kSecond);
+  CHECK(s.loss(Loss::ReducedCapacity) < 900 * kSecond);
+  check_sums(s);
+
+  Simulator waiting(t, policy(R"({"checkpoint":{"policy":"flash","every_steps":100}})"), SimOptions{});
+  CHECK(make_report(s).goodput > make_report(waiting.run()).goodput);
+}
+
+TEST_CASE("a straggler slows the whole synchronous job") {
+  Trace t = small_trace(3000 * kSecond);
+  TraceEvent slow = failure(500 * kSecond, TraceEventType::Slowdown, "n3", t);
+  slow.slowdown_permille = 2000;
+  slow.duration = 1000 * kSecond;
+  t.events.push_back(slow);
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{});
+  const JobState& s = sim.run();
+  // Half of the 1000 s at half speed is lost (minus a little: blocking saves are not slowed).
+  CHECK(s.loss(Loss::Slowdown) > 495 * kSecond);
+  CHECK(s.loss(Loss::Slowdown) <= 500 * kSecond);
+  CHECK(s.slowdown_permille() == 1000);
+  check_sums(s);
+}
+
+TEST_CASE("a hang is noticed after the hang timeout and the processes are restarted") {
+  Trace t = small_trace(3000 * kSecond);
+  t.events.push_back(failure(1000 * kSecond, TraceEventType::Hang, "n0", t, "NCCL watchdog timeout"));
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.loss(Loss::Detection) == 5 * kMinute);
+  CHECK(s.failures_by(Diagnosis::Unknown) == 1);
+  CHECK(s.decisions_by(RecoveryAction::RestartProcess) == 1);
+  check_sums(s);
+}
+
+TEST_CASE("a node that keeps crashing is relaunched instead of restarted again") {
+  Trace t = small_trace(20000 * kSecond, 1);
+  for (int i = 1; i <= 4; ++i) t.events.push_back(failure(i * 1000 * kSecond, TraceEventType::ProcessCrash, "n1", t));
+  Simulator sim(t, policy(R"({"recovery":{"policy":"diagnose","max_restarts_per_node":3}})"), SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.decisions_by(RecoveryAction::RestartProcess) == 3);
+  CHECK(s.decisions_by(RecoveryAction::RelaunchNode) == 1);
+  CHECK_FALSE(s.holds(*t.machine_index("n1")));
+}
+
+TEST_CASE("the job gives up after max_failures and says so") {
+  Trace t = small_trace(20000 * kSecond, 1);
+  for (int i = 1; i <= 5; ++i) t.events.push_back(failure(i * 1000 * kSecond, TraceEventType::ProcessCrash, "n1", t));
+  Simulator sim(t, policy(R"({"recovery":{"policy":"diagnose","max_failures":2}})"), SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.gave_up());
+  CHECK(s.finish_reason() == "gave-up");
+  CHECK(s.wall() == 3001 * kSecond);  // ended at the third failure's decision (1 s detection)
+  check_sums(s);
+}
+
+TEST_CASE("a job with a step target finishes when it reaches it") {
+  Trace t = small_trace(0);
+  t.job.total_steps = 1000;
+  Simulator sim(t, policy(kStorageEvery100), SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.finish_reason() == "completed");
+  CHECK(s.steps_done() == 1000);
+  // 100 s start-up, 1000 s of steps, 10 saves of 2 s (the last at step 1000 is not reached).
+  CHECK(s.wall() == (100 + 1000 + 9 * 2) * kSecond);
+}
+
+TEST_CASE("the same trace, policy and seed give a byte-identical event log") {
+  const Trace t = load_trace(source_path("traces/small-2048gpu-7d.jsonl"));
+  DigestSink a, b, c;
+  MemoryStore la, lb;
+  Simulator(t, default_policy(), SimOptions{7, true}, {&a, &la}).run();
+  Simulator(t, default_policy(), SimOptions{7, true}, {&b, &lb}).run();
+  Simulator(t, default_policy(), SimOptions{8, true}, {&c}).run();
+  CHECK(a.hex() == b.hex());
+  CHECK(a.count() > 100);
+  CHECK(a.hex() != c.hex());  // the seed matters
+  REQUIRE(la.events().size() == lb.events().size());
+  for (size_t i = 0; i < la.events().size(); ++i) REQUIRE(event_to_line(la.events()[i]) == event_to_line(lb.events()[i]));
+}
+
+TEST_CASE("Monte Carlo results do not depend on the number of threads") {
+  const Trace t = load_trace(source_path("traces/small-2048gpu-7d.jsonl"));
+  MonteCarloOptions one{11, 24, 1, true, {}};
+  MonteCarloOptions two{11, 24, 2, true, {}};
+  const auto a = run_monte_carlo(t, default_policy(), one);
+  const auto b = run_monte_carlo(t, default_policy(), two);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(report_json(a[i]).dump() == report_json(b[i]).dump());
+  // And the runs differ from each other: each draws its own failures.
+  CHECK(report_json(a[0]).dump() != report_json(a[1]).dump());
+}
+
+TEST_CASE("the breakdown sums to wall time under every shipped policy on the Llama 3 trace") {
+  const Trace t = load_trace(source_path("traces/llama3-405b-54d.jsonl"));
+  for (const char* p : {"flash-diagnose", "restart-all", "young-daly-storage", "flash-elastic"}) {
+    CAPTURE(p);
+    const PolicySet ps = load_policy_file(source_path(std::string("examples/policies/") + p + ".json"));
+    for (uint64_t seed : {1, 2, 3}) {
+      // The simulator itself checks the sum after every event and throws if it breaks.
+      const JobState s = simulate(t, ps, SimOptions{seed, true});
+      check_sums(s);
+      CHECK(s.failures() > 350);
+      CHECK(s.wall() == 54 * kDay);
+    }
+  }
+}
+
+TEST_CASE("flash checkpoints with diagnosis beat the restart-all baseline on the Llama 3 trace") {
+  const Trace t = load_trace(source_path("traces/llama3-405b-54d.jsonl"));
+  MonteCarloOptions o{1, 20, 0, true, {}};
+  const Summary flash = summarize("flash", run_monte_carlo(t, load_policy_file(source_path("examples/policies/flash-diagnose.json")), o));
+  const Summary base = summarize("base", run_monte_carlo(t, load_policy_file(source_path("examples/policies/restart-all.json")), o));
+  CHECK(flash.goodput_p5 > base.goodput_p95);
+  CHECK(flash.goodput_mean - base.goodput_mean > 0.05);
+}
