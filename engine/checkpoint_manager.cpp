@@ -42,6 +42,9 @@ Duration CheckpointManager::progress_of(int64_t step, Tier tier, Duration curren
   if (r.step == step && r.progress >= 0) return std::min(r.progress, current);
   for (const CheckpointRef& f : in_flight_)
     if (f.step == step && f.progress >= 0) return std::min(f.progress, current);
+  // An older step of a batch of periodic saves: whole steps before the newest save we know.
+  if (memory_.progress >= 0 && memory_.step >= step && (memory_.valid || memory_.step > 0))
+    return std::clamp<Duration>(memory_.progress - (memory_.step - step) * step_time, 0, current);
   return std::min(current, step * step_time);
 }
 

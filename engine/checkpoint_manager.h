@@ -43,7 +43,7 @@ class CheckpointManager {
   void on_saved(const CheckpointSaved& s, Duration progress);
   void on_persisted(int64_t step);
   // A node's host memory is gone (relaunch): memory checkpoints are incomplete across ranks.
-  void on_memory_lost() { memory_.valid = false; }
+  void on_memory_lost() { memory_.valid = false; }  // its step and progress still anchor older steps
 
   const CheckpointRef& newest_in_memory() const { return memory_; }
   const CheckpointRef& newest_in_storage() const { return storage_; }

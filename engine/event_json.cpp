@@ -25,9 +25,9 @@ template <class F> void fields(ProcessesStarted& v, F&& f) { f("world_size", v.w
 template <class F> void fields(RendezvousComplete& v, F&& f) { f("world_size", v.world_size); f("restart", v.restart); }
 template <class F> void fields(CheckpointLoaded& v, F&& f) { f("step", v.step); f("tier", v.tier); f("load_time_ns", v.load_time); }
 template <class F> void fields(CheckpointSaved& v, F&& f) {
-  f("step", v.step); f("tier", v.tier); f("blocking_ns", v.blocking); f("persist", v.persist);
+  f("step", v.step); f("tier", v.tier); f("blocking_ns", v.blocking); f("persist", v.persist); f("count", v.count);
 }
-template <class F> void fields(CheckpointPersisted& v, F&& f) { f("step", v.step); }
+template <class F> void fields(CheckpointPersisted& v, F&& f) { f("step", v.step); f("count", v.count); }
 template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);

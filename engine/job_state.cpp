@@ -121,13 +121,14 @@ void JobState::apply(const Event& e) {
           if (p.node >= 0) ++node_failures_[p.node];
           stage_ = Stage::None;
         } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
-          const Duration blocking = std::clamp<Duration>(p.blocking, 0, now_ - accrued_to_);
+          const Duration blocking =
+              std::clamp<Duration>(p.blocking * std::max<int64_t>(p.count, 1), 0, now_ - accrued_to_);
           accrue(now_ - blocking);
           accel_held_ += static_cast<double>(blocking) * held_count_ * job_.accelerators_per_node;
           add_loss(Loss::CheckpointSave, blocking);
           accrued_to_ = now_;
           checkpoints_.on_saved(p, progress_);
-          ++saved_[static_cast<size_t>(p.tier)];
+          saved_[static_cast<size_t>(p.tier)] += std::max<int64_t>(p.count, 1);
           failures_since_checkpoint_ = 0;
         } else {
           accrue(now_);
@@ -155,7 +156,7 @@ void JobState::apply(const Event& e) {
             stage_ = Stage::Training;
           } else if constexpr (std::is_same_v<T, CheckpointPersisted>) {
             checkpoints_.on_persisted(p.step);
-            ++persisted_;
+            persisted_ += std::max<int64_t>(p.count, 1);
           } else if constexpr (std::is_same_v<T, JobFinished>) {
             finished_ = true;
             finish_reason_ = p.reason;

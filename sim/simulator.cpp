@@ -29,10 +29,14 @@ const JobState& Simulator::run() {
   for (size_t i = 0; i < events_.size(); ++i) queue_.push(events_[i].t, Item{ItemKind::TraceEvent, static_cast<int32_t>(i)});
   if (trace_.job.duration > 0) queue_.push(trace_.job.duration, Item{ItemKind::Horizon});
   master_.observe(trace_.job_started(master_.policies().name));
-  for (Slot& s : slots_) s.waiting = true;
+  for (int32_t s = 0; s < static_cast<int32_t>(slots_.size()); ++s) {
+    slots_[s].waiting = true;
+    waiting_.insert(s);
+  }
   try_fill();
   while (!finished_ && !queue_.empty()) {
     auto entry = queue_.pop();
+    catch_up(entry.time);
     clock_.advance_to(entry.time);
     handle(entry.item);
     check_invariants();
@@ -59,6 +63,7 @@ void Simulator::check_invariants() const {
 
 int32_t Simulator::slowdown_max() const {
   int32_t m = 1000;
+  if (slowed_ == 0) return m;
   for (const Slot& s : slots_)
     if (s.machine >= 0 && machines_[s.machine].state == MachineState::InJob)
       m = std::max(m, machines_[s.machine].slowdown_permille);
@@ -67,8 +72,10 @@ int32_t Simulator::slowdown_max() const {
 
 int64_t Simulator::work_now() const {
   if (!training_) return seg_work_;
-  const __int128 dt = clock_.now() - seg_time_;
-  return seg_work_ + static_cast<int64_t>(dt * world_ * 1000 / (static_cast<__int128>(trace_.cluster.nodes) * slowdown_));
+  const __int128 dt = std::max<Duration>(0, clock_.now() - seg_time_ - saves_done_ * costs_.save(plan_.tier));
+  int64_t w = seg_work_ + static_cast<int64_t>(dt * world_ * 1000 / (static_cast<__int128>(trace_.cluster.nodes) * slowdown_));
+  if (next_checkpoint_step_ > 0) w = std::min(w, next_checkpoint_step_ * trace_.job.step_time);  // blocked in a save
+  return w;
 }
 
 Duration Simulator::wall_for(int64_t work) const {
@@ -79,9 +86,7 @@ Duration Simulator::wall_for(int64_t work) const {
 
 void Simulator::stop_training() {
   if (!training_) return;
-  int64_t w = work_now();
-  if (next_checkpoint_step_ > 0) w = std::min(w, next_checkpoint_step_ * trace_.job.step_time);  // mid-save
-  seg_work_ = w;
+  seg_work_ = work_now();
   seg_time_ = clock_.now();
   training_ = false;
   ++train_gen_;
@@ -99,33 +104,120 @@ void Simulator::start_training(int64_t step) {
 // Schedules the next checkpoint and the job's completion from the current anchor.
 void Simulator::schedule_training() {
   ++train_gen_;
-  next_checkpoint_step_ = 0;
+  saves_done_ = 0;
+  first_checkpoint_step_ = next_checkpoint_step_ = 0;
   const Duration step = trace_.job.step_time;
-  if (plan_.every_steps > 0) {
-    next_checkpoint_step_ = (seg_work_ / step / plan_.every_steps + 1) * plan_.every_steps;
-    const Duration blocking = costs_.save(plan_.tier);
-    queue_.push(seg_time_ + wall_for(next_checkpoint_step_ * step - seg_work_) + blocking,
-                Item{ItemKind::CheckpointDone, 0, 0, train_gen_});
-  }
+  const int64_t k = plan_.every_steps;
+  if (k > 0) first_checkpoint_step_ = next_checkpoint_step_ = (seg_work_ / step / k + 1) * k;
   if (trace_.job.total_steps > 0) {
-    const int64_t left = std::max<int64_t>(0, trace_.job.total_steps * step - seg_work_);
-    queue_.push(seg_time_ + wall_for(left), Item{ItemKind::Completed, 0, 0, train_gen_});
+    const int64_t total = trace_.job.total_steps;
+    const int64_t left = std::max<int64_t>(0, total * step - seg_work_);
+    // Saves due before the last step delay the end; one due at the last step is not taken.
+    const int64_t saves = k > 0 && first_checkpoint_step_ < total ? (total - 1 - first_checkpoint_step_) / k + 1 : 0;
+    queue_.push(seg_time_ + wall_for(left) + saves * costs_.save(plan_.tier), Item{ItemKind::Completed, 0, 0, train_gen_});
+  }
+}
+
+Time Simulator::save_done_at(int64_t j) const {
+  const int64_t step = first_checkpoint_step_ + (j - 1) * plan_.every_steps;
+  return seg_time_ + wall_for(step * trace_.job.step_time - seg_work_) + j * costs_.save(plan_.tier);
+}
+
+void Simulator::observe_at(Time t, EventPayload observation) {
+  clock_.advance_to(std::max(t, clock_.now()));
+  master_.observe(std::move(observation));
+}
+
+void Simulator::catch_up(Time t) {
+  if (training_ && first_checkpoint_step_ > 0 && save_done_at(saves_done_ + 1) <= t) {
+    // Saves completed by t: n with save_done_at(n) <= t < save_done_at(n + 1). Estimate, then settle.
+    const Duration per = std::max<Duration>(1, save_done_at(saves_done_ + 2) - save_done_at(saves_done_ + 1));
+    int64_t n = saves_done_ + 1 + (t - save_done_at(saves_done_ + 1)) / per;
+    while (n > saves_done_ + 1 && save_done_at(n) > t) --n;
+    while (save_done_at(n + 1) <= t) ++n;
+    const int64_t k = plan_.every_steps;
+    const int64_t count = n - saves_done_;
+    const int64_t last_step = first_checkpoint_step_ + (n - 1) * k;
+    const Time last_at = save_done_at(n);
+    // Persists: every persist_every-th memory save starts one unless the previous is still running.
+    const int32_t p = plan_.tier == Tier::Memory ? plan_.persist_every : 0;
+    const Duration P = costs_.persist();
+    int64_t persisted = 0, newest_persisted = 0;
+    Time newest_persisted_at = 0;
+    bool last_started = false;
+    auto finish_running = [&](Time by) {
+      if (persisting_ && persist_done_at_ <= by) {
+        persisting_ = false;
+        ++persisted;
+        newest_persisted = persisting_step_;
+        newest_persisted_at = persist_done_at_;
+      }
+    };
+    if (p > 0) {
+      const int64_t first = memory_saves_ % p == 0 ? p : p - memory_saves_ % p;  // first candidate, 1-based in batch
+      const Duration spacing = plan_.every_steps * trace_.job.step_time + costs_.save(plan_.tier);
+      int64_t i = first;
+      // Closed form once a persist can never overlap the next candidate; step by step before that.
+      while (i <= count) {
+        const Time at = save_done_at(saves_done_ + i);
+        finish_running(at);
+        bool started = false;
+        if (!persisting_) {
+          persisting_ = started = true;
+          persisting_step_ = first_checkpoint_step_ + (saves_done_ + i - 1) * k;
+          persist_done_at_ = at + P;
+        }
+        if (!started || P > p * spacing) {
+          i += p;
+          continue;
+        }
+        // From here every candidate starts a persist that ends before the next one: jump to the last.
+        const int64_t last = i + (count - i) / p * p;
+        if (last > i) {
+          finish_running(save_done_at(saves_done_ + last));  // the one started at i
+          const int64_t between = (last - i) / p - 1;        // started and finished in between
+          if (between > 0) {
+            persisted += between;
+            newest_persisted = first_checkpoint_step_ + (saves_done_ + last - p - 1) * k;
+            newest_persisted_at = save_done_at(saves_done_ + last - p) + P;
+          }
+          persisting_ = true;
+          persisting_step_ = first_checkpoint_step_ + (saves_done_ + last - 1) * k;
+          persist_done_at_ = save_done_at(saves_done_ + last) + P;
+        }
+        break;
+      }
+      memory_saves_ += count;
+      last_started = persisting_ && persisting_step_ == last_step && persist_done_at_ > last_at;
+      finish_running(t);
+    }
+    saves_done_ = n;
+    next_checkpoint_step_ = last_step + k;
+    observe_at(last_at, CheckpointSaved{last_step, plan_.tier, costs_.save(plan_.tier), last_started, count});
+    if (persisted > 0) observe_at(std::max(newest_persisted_at, last_at), CheckpointPersisted{newest_persisted, persisted});
+    return;
+  }
+  if (persisting_ && persist_done_at_ <= t) {
+    persisting_ = false;
+    observe_at(persist_done_at_, CheckpointPersisted{persisting_step_, 1});
   }
 }
 
 // ---- the cluster ---------------------------------------------------------------------------------
 
 void Simulator::try_fill() {
-  for (int32_t s = 0; s < static_cast<int32_t>(slots_.size()); ++s) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const int32_t s = *it;
     Slot& slot = slots_[s];
-    if (!slot.waiting) continue;
     if (free_.empty()) {
       if (!slot.reported) {
         slot.reported = true;
         queue_.push(clock_.now(), Item{ItemKind::NoSpare, s});
       }
+      ++it;
       continue;
     }
+    it = waiting_.erase(it);
     const int32_t m = *free_.begin();
     free_.erase(free_.begin());
     Machine& mach = machines_[m];
@@ -141,8 +233,10 @@ void Simulator::try_fill() {
 void Simulator::machine_down(int32_t m, Duration repair) {
   Machine& mach = machines_[m];
   if (mach.state == MachineState::Free) free_.erase(m);
+  if (mach.slot >= 0 && slots_[mach.slot].machine == m) down_in_job_.insert(m);
   mach.state = MachineState::Down;
   ++mach.gen;
+  slowed_ -= mach.slowdown_permille > 1000;
   mach.slowdown_permille = 1000;
   queue_.push(clock_.now() + (repair > 0 ? repair : trace_.cluster.repair_time), Item{ItemKind::Repaired, m, 0, mach.gen});
 }
@@ -150,9 +244,11 @@ void Simulator::machine_down(int32_t m, Duration repair) {
 void Simulator::release_slot(int32_t s) {
   Slot& slot = slots_[s];
   if (slot.machine >= 0) {
+    down_in_job_.erase(slot.machine);
     Machine& mach = machines_[slot.machine];
     if (mach.state != MachineState::Down) {
       mach.state = MachineState::Free;
+      slowed_ -= mach.slowdown_permille > 1000;
       mach.slowdown_permille = 1000;
       free_.insert(slot.machine);
     }
@@ -161,6 +257,7 @@ void Simulator::release_slot(int32_t s) {
   }
   slot.waiting = true;
   slot.reported = false;
+  waiting_.insert(s);
 }
 
 void Simulator::on_trace_event(const TraceEvent& e) {
@@ -177,6 +274,7 @@ void Simulator::on_trace_event(const TraceEvent& e) {
       return;
     case TraceEventType::Slowdown:
       if (mach.state == MachineState::Down) return;
+      slowed_ += (e.slowdown_permille > 1000) - (mach.slowdown_permille > 1000);
       mach.slowdown_permille = e.slowdown_permille;
       ++mach.slowdown_gen;
       if (e.duration > 0) queue_.push(clock_.now() + e.duration, Item{ItemKind::SlowdownEnd, m, 0, mach.slowdown_gen});
@@ -203,6 +301,7 @@ void Simulator::on_trace_event(const TraceEvent& e) {
         machine_down(m, e.duration);
         mach.slot = -1;
         slots_[s].waiting = true;
+        waiting_.insert(s);
         try_fill();
       }
       return;
@@ -245,8 +344,7 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
       break;
   }
   if (f.kind == FailureKind::NodeLost || f.kind == FailureKind::Maintenance) {
-    ++persist_gen_;  // the node's part of an in-flight persist is gone
-    persisting_ = false;
+    persisting_ = false;  // the node's part of an in-flight persist is gone
     machine_down(m, e.duration);  // it keeps its slot until the master relaunches it
   }
   detections_.push_back(std::move(f));
@@ -277,6 +375,7 @@ void Simulator::handle(const Item& item) {
       Machine& mach = machines_[item.a];
       if (mach.gen != item.gen || mach.state != MachineState::Down) return;
       ++mach.gen;
+      down_in_job_.erase(item.a);
       if (mach.slot >= 0 && slots_[mach.slot].machine == item.a) {
         // Back before the master relaunched it: it serves its slot again.
         mach.state = MachineState::InJob;
@@ -292,6 +391,7 @@ void Simulator::handle(const Item& item) {
     case ItemKind::SlowdownEnd: {
       Machine& mach = machines_[item.a];
       if (mach.slowdown_gen != item.gen || mach.state == MachineState::Down) return;
+      slowed_ -= mach.slowdown_permille > 1000;
       mach.slowdown_permille = 1000;
       if (mach.state == MachineState::InJob) {
         if (training_) {
@@ -319,28 +419,6 @@ void Simulator::handle(const Item& item) {
       world_ = restart_.world_size;
       start_training(restart_.restore_step);
       master_.observe(CheckpointLoaded{restart_.restore_step, restart_.restore_tier, costs_.load(restart_.restore_tier)});
-      return;
-    case ItemKind::CheckpointDone: {
-      if (item.gen != train_gen_ || !training_) return;
-      const int64_t step = next_checkpoint_step_;
-      CheckpointSaved s{step, plan_.tier, costs_.save(plan_.tier), false};
-      if (plan_.tier == Tier::Memory && plan_.persist_every > 0 && ++memory_saves_ % plan_.persist_every == 0 &&
-          !persisting_) {
-        s.persist = true;  // a persist still in flight means this one is skipped: back-pressure
-        persisting_ = true;
-        persisting_step_ = step;
-        queue_.push(clock_.now() + costs_.persist(), Item{ItemKind::PersistDone, 0, 0, ++persist_gen_});
-      }
-      seg_work_ = step * trace_.job.step_time;
-      seg_time_ = clock_.now();
-      schedule_training();
-      master_.observe(s);
-      return;
-    }
-    case ItemKind::PersistDone:
-      if (item.gen != persist_gen_ || !persisting_) return;
-      persisting_ = false;
-      master_.observe(CheckpointPersisted{persisting_step_});
       return;
     case ItemKind::Completed:
       if (item.gen != train_gen_ || !training_) return;
@@ -384,14 +462,12 @@ void Simulator::execute(const Event& d) {
           ++restart_gen_;
           restart_ = p;
           // A machine that is down cannot start its trainer: the restart fails and is noticed.
-          for (const Slot& s : slots_) {
-            if (s.machine >= 0 && machines_[s.machine].state == MachineState::Down) {
-              FailureObserved f{s.machine, FailureKind::NodeLost, 0, 0, "node unreachable during restart", clock_.now()};
-              detections_.push_back(std::move(f));
-              queue_.push(clock_.now() + trace_.job.heartbeat_timeout,
-                          Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
-              return;
-            }
+          if (!down_in_job_.empty()) {
+            const int32_t m = *down_in_job_.begin();
+            detections_.push_back(FailureObserved{m, FailureKind::NodeLost, 0, 0, "node unreachable during restart", clock_.now()});
+            queue_.push(clock_.now() + trace_.job.heartbeat_timeout,
+                        Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
+            return;
           }
           queue_.push(clock_.now() + p.delay + trace_.job.process_restart, Item{ItemKind::ProcessesUp, 0, 0, restart_gen_});
         } else if constexpr (std::is_same_v<T, JobFinished>) {

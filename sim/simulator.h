@@ -33,8 +33,8 @@ class Simulator final : public Backend {
 
  private:
   enum class ItemKind : uint8_t {
-    TraceEvent, Detect, Joined, Repaired, ProcessesUp, RendezvousDone, LoadDone, CheckpointDone, PersistDone,
-    SlowdownEnd, Completed, Horizon, NoSpare
+    TraceEvent, Detect, Joined, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
+    NoSpare
   };
   struct Item {
     ItemKind kind;
@@ -65,6 +65,11 @@ class Simulator final : public Backend {
   void stop_training();
   void start_training(int64_t step);
   void schedule_training();
+  // Periodic saves are not queued one by one: before anything else happens at time t, the saves
+  // and persists that completed by t are worked out in closed form and reported together.
+  void catch_up(Time t);
+  Time save_done_at(int64_t j) const;  // completion of the j-th save after the anchor (j >= 1)
+  void observe_at(Time t, EventPayload observation);
   int64_t work_now() const;
   Duration wall_for(int64_t work) const;
   int32_t slowdown_max() const;
@@ -81,6 +86,9 @@ class Simulator final : public Backend {
   std::vector<Machine> machines_;
   std::vector<Slot> slots_;
   std::set<int32_t> free_;
+  std::set<int32_t> waiting_;
+  std::set<int32_t> down_in_job_;  // machines that are down but still hold their slot  // slots that need a machine, lowest first
+  int32_t slowed_ = 0;         // machines running slow (most runs have none)
   bool finished_ = false;
 
   // The training job, ground truth.
@@ -96,8 +104,11 @@ class Simulator final : public Backend {
   uint64_t persist_gen_ = 0;
   bool persisting_ = false;
   int64_t persisting_step_ = 0;
-  int64_t next_checkpoint_step_ = 0;
-  int64_t memory_saves_ = 0;
+  Time persist_done_at_ = 0;
+  int64_t first_checkpoint_step_ = 0;  // first save after the anchor (0: no plan)
+  int64_t saves_done_ = 0;             // saves completed since the anchor
+  int64_t next_checkpoint_step_ = 0;   // the save in progress or next
+  int64_t memory_saves_ = 0;           // all memory saves, for persist_every
   CheckpointPlanSet plan_;
   RestartJob restart_;
 };

@@ -236,3 +236,33 @@ TEST_CASE("flash checkpoints with diagnosis beat the restart-all baseline on the
   CHECK(flash.goodput_p5 > base.goodput_p95);
   CHECK(flash.goodput_mean - base.goodput_mean > 0.05);
 }
+
+TEST_CASE("a slow persist skips saves (back-pressure) and a node failure restores the newest persisted one") {
+  // Saves every 100 s of training (0.2 s each, done at 100 + 100.2 j s); a persist takes 250 s, so
+  // saves 1, 4 and 7 are persisted (steps 100 and 400 complete by 750.8 s; 700's would end at
+  // 1051.4 s but the node dies at 1000.5 s). The relaunched job restores step 400 from storage.
+  Trace t = small_trace(1500 * kSecond, /*spares=*/1);
+  t.job.storage_bandwidth_bytes_per_s = 8'000'000;
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n0", t, "Faulty GPU"));
+  MemoryStore log;
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{}, {&log});
+  const JobState& s = sim.run();
+  int64_t restored = -1;
+  for (const Event& e : log.events())
+    if (const auto* l = std::get_if<CheckpointLoaded>(&e.payload); l && l->tier == Tier::Storage) restored = l->step;
+  CHECK(restored == 400);
+  CHECK(s.checkpoints_persisted() == 2);
+  // Progress since step 400 (at 500.8 s, i.e. 400 s of training) until the failure is recomputed.
+  CHECK(s.loss(Loss::Recompute) == ms(498'900));
+  check_sums(s);
+}
+
+TEST_CASE("periodic saves between disruptions are reported together, not one event each") {
+  const Trace t = small_trace(100 * kHour);
+  MemoryStore log;
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{}, {&log});
+  const JobState& s = sim.run();
+  CHECK(s.checkpoints_saved(Tier::Memory) == 3591);  // floor((360000 - 100) / 100.2) saves
+  CHECK(s.checkpoints_persisted() == 3591);  // the last one, 2 s after 359918.2 s, is in time
+  CHECK(log.events().size() < 30);
+}
