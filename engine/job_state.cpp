@@ -74,8 +74,11 @@ void JobState::accrue(Time until) {
     case Phase::Training: {
       // Full-job-equivalent progress: capacity share of the world, divided by the straggler factor.
       const int32_t n = std::max(job_.nodes, 1);
-      const Duration capacity = static_cast<Duration>(static_cast<__int128>(dt) * std::min(training_world_, n) / n);
-      const Duration kept = static_cast<Duration>(static_cast<__int128>(capacity) * 1000 / slowdown_max_);
+      const bool full = training_world_ >= n;  // the usual case needs no 128-bit division
+      const Duration capacity =
+          full ? dt : static_cast<Duration>(static_cast<__int128>(dt) * std::max(training_world_, 0) / n);
+      const Duration kept =
+          slowdown_max_ == 1000 ? capacity : static_cast<Duration>(static_cast<__int128>(capacity) * 1000 / slowdown_max_);
       progress_ += kept;
       add_loss(Loss::ReducedCapacity, dt - capacity);
       add_loss(Loss::Slowdown, capacity - kept);

@@ -10,12 +10,11 @@
 namespace goodput {
 namespace {
 
-bool contains_icase(const std::string& hay, const std::string& needle) {
-  if (needle.empty()) return true;
-  auto it = std::search(hay.begin(), hay.end(), needle.begin(), needle.end(), [](char a, char b) {
-    return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-  });
-  return it != hay.end();
+// ASCII lower case: reasons are log lines and codes, and the locale must not change a diagnosis.
+std::string lower(std::string s) {
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return s;
 }
 
 template <class T> bool any_of_or_empty(const std::vector<T>& v, const T& x) {
@@ -77,7 +76,7 @@ DiagnosisTable DiagnosisTable::from_json(const nlohmann::json& j, const std::str
     });
     list("reason_contains", [&](const char* key, const nlohmann::json& x) {
       if (!x.is_string()) r.fail(key, "entries must be strings");
-      rule.reason_contains.push_back(x.get<std::string>());
+      rule.reason_contains.push_back(lower(x.get<std::string>()));  // matched case-insensitively
     });
     r.finish();
     t.rules_.push_back(std::move(rule));
@@ -86,13 +85,14 @@ DiagnosisTable DiagnosisTable::from_json(const nlohmann::json& j, const std::str
 }
 
 DiagnosisTable::Result DiagnosisTable::diagnose(const FailureObserved& f) const {
+  const std::string reason = lower(f.reason);
   for (const DiagnosisRule& r : rules_) {
     if (!any_of_or_empty(r.kinds, f.kind) || !any_of_or_empty(r.exit_codes, f.exit_code) ||
         !any_of_or_empty(r.signals, f.signal))
       continue;
     if (!r.reason_contains.empty() &&
         std::none_of(r.reason_contains.begin(), r.reason_contains.end(),
-                     [&](const std::string& s) { return contains_icase(f.reason, s); }))
+                     [&](const std::string& s) { return reason.find(s) != std::string::npos; }))
       continue;
     return {r.diagnosis, &r.name};
   }

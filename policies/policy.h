@@ -26,7 +26,7 @@ struct DiagnosisRule {
   std::vector<FailureKind> kinds;          // empty: any
   std::vector<int32_t> exit_codes;         // empty: any
   std::vector<int32_t> signals;            // empty: any
-  std::vector<std::string> reason_contains;  // empty: any; case-insensitive substrings, any may match
+  std::vector<std::string> reason_contains;  // empty: any; substrings (stored lower-case, matched ignoring ASCII case)
   Diagnosis diagnosis = Diagnosis::Unknown;
 };
 

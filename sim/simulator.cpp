@@ -12,7 +12,10 @@ Simulator::Simulator(const Trace& trace, PolicySet policies, SimOptions options,
       costs_{trace.job.checkpoint_bytes_per_node, trace.job.memory_bandwidth_bytes_per_s,
              trace.job.storage_bandwidth_bytes_per_s},
       machines_(static_cast<size_t>(trace.machines())),
-      slots_(static_cast<size_t>(trace.cluster.nodes)) {
+      slots_(static_cast<size_t>(trace.cluster.nodes)),
+      free_(trace.machines()),
+      waiting_(trace.cluster.nodes),
+      down_in_job_(trace.machines()) {
   const bool generate = options_.resample || (trace.events.empty() && !trace.rates.empty());
   if (generate && trace.rates.empty())
     throw TraceError(trace.path + ": --resample needs 'failure_rates' in the trace header");
@@ -26,7 +29,6 @@ JobState simulate(const Trace& trace, const PolicySet& policies, const SimOption
 }
 
 const JobState& Simulator::run() {
-  for (size_t i = 0; i < events_.size(); ++i) queue_.push(events_[i].t, Item{ItemKind::TraceEvent, static_cast<int32_t>(i)});
   if (trace_.job.duration > 0) queue_.push(trace_.job.duration, Item{ItemKind::Horizon});
   master_.observe(trace_.job_started(master_.policies().name));
   for (int32_t s = 0; s < static_cast<int32_t>(slots_.size()); ++s) {
@@ -34,11 +36,19 @@ const JobState& Simulator::run() {
     waiting_.insert(s);
   }
   try_fill();
-  while (!finished_ && !queue_.empty()) {
-    auto entry = queue_.pop();
-    catch_up(entry.time);
-    clock_.advance_to(entry.time);
-    handle(entry.item);
+  while (!finished_ && (!queue_.empty() || next_trace_ < events_.size())) {
+    // The trace's next event goes first on a tie: it was there before anything was scheduled.
+    if (next_trace_ < events_.size() && (queue_.empty() || events_[next_trace_].t <= queue_.top().time)) {
+      const TraceEvent& e = events_[next_trace_++];
+      catch_up(e.t);
+      clock_.advance_to(e.t);
+      on_trace_event(e);
+    } else {
+      auto entry = queue_.pop();
+      catch_up(entry.time);
+      clock_.advance_to(entry.time);
+      handle(entry.item);
+    }
     check_invariants();
   }
   if (!finished_) {
@@ -72,13 +82,17 @@ int32_t Simulator::slowdown_max() const {
 
 int64_t Simulator::work_now() const {
   if (!training_) return seg_work_;
-  const __int128 dt = std::max<Duration>(0, clock_.now() - seg_time_ - saves_done_ * costs_.save(plan_.tier));
-  int64_t w = seg_work_ + static_cast<int64_t>(dt * world_ * 1000 / (static_cast<__int128>(trace_.cluster.nodes) * slowdown_));
+  const Duration dt = std::max<Duration>(0, clock_.now() - seg_time_ - saves_done_ * costs_.save(plan_.tier));
+  int64_t w = seg_work_ + (world_ >= trace_.cluster.nodes && slowdown_ == 1000
+                               ? dt
+                               : static_cast<int64_t>(static_cast<__int128>(dt) * world_ * 1000 /
+                                                      (static_cast<__int128>(trace_.cluster.nodes) * slowdown_)));
   if (next_checkpoint_step_ > 0) w = std::min(w, next_checkpoint_step_ * trace_.job.step_time);  // blocked in a save
   return w;
 }
 
 Duration Simulator::wall_for(int64_t work) const {
+  if (world_ >= trace_.cluster.nodes && slowdown_ == 1000) return work;  // full speed: no 128-bit division
   const __int128 num = static_cast<__int128>(work) * trace_.cluster.nodes * slowdown_;
   const __int128 den = static_cast<__int128>(std::max(world_, 1)) * 1000;
   return static_cast<Duration>((num + den - 1) / den);
@@ -90,6 +104,24 @@ void Simulator::stop_training() {
   seg_time_ = clock_.now();
   training_ = false;
   ++train_gen_;
+}
+
+// Training goes on from now at the current speed and plan.
+void Simulator::reanchor() {
+  if (!training_) return;
+  stop_training();
+  training_ = true;
+  slowdown_ = slowdown_max();
+  schedule_training();
+}
+
+void Simulator::set_speed(int32_t m, int32_t slowdown_permille) {
+  Machine& mach = machines_[m];
+  slowed_ += (slowdown_permille > 1000) - (mach.slowdown_permille > 1000);
+  mach.slowdown_permille = slowdown_permille;
+  if (mach.state != MachineState::InJob) return;
+  reanchor();
+  master_.observe(SlowdownObserved{m, slowdown_permille});
 }
 
 void Simulator::start_training(int64_t step) {
@@ -206,20 +238,18 @@ void Simulator::catch_up(Time t) {
 // ---- the cluster ---------------------------------------------------------------------------------
 
 void Simulator::try_fill() {
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    const int32_t s = *it;
+  for (int32_t s = waiting_.next(); s >= 0; s = waiting_.next(s + 1)) {
     Slot& slot = slots_[s];
     if (free_.empty()) {
       if (!slot.reported) {
         slot.reported = true;
         queue_.push(clock_.now(), Item{ItemKind::NoSpare, s});
       }
-      ++it;
       continue;
     }
-    it = waiting_.erase(it);
-    const int32_t m = *free_.begin();
-    free_.erase(free_.begin());
+    waiting_.erase(s);
+    const int32_t m = free_.next();
+    free_.erase(m);
     Machine& mach = machines_[m];
     mach.state = MachineState::Joining;
     mach.slot = s;
@@ -274,19 +304,9 @@ void Simulator::on_trace_event(const TraceEvent& e) {
       return;
     case TraceEventType::Slowdown:
       if (mach.state == MachineState::Down) return;
-      slowed_ += (e.slowdown_permille > 1000) - (mach.slowdown_permille > 1000);
-      mach.slowdown_permille = e.slowdown_permille;
       ++mach.slowdown_gen;
       if (e.duration > 0) queue_.push(clock_.now() + e.duration, Item{ItemKind::SlowdownEnd, m, 0, mach.slowdown_gen});
-      if (mach.state == MachineState::InJob) {
-        if (training_) {
-          stop_training();
-          training_ = true;
-          slowdown_ = slowdown_max();
-          schedule_training();
-        }
-        master_.observe(SlowdownObserved{m, e.slowdown_permille});
-      }
+      set_speed(m, e.slowdown_permille);
       return;
     default: break;
   }
@@ -355,7 +375,6 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
 
 void Simulator::handle(const Item& item) {
   switch (item.kind) {
-    case ItemKind::TraceEvent: on_trace_event(events_[item.a]); return;
     case ItemKind::Detect: master_.observe(detections_[item.a]); return;
     case ItemKind::NoSpare: {
       Slot& s = slots_[item.a];
@@ -391,17 +410,7 @@ void Simulator::handle(const Item& item) {
     case ItemKind::SlowdownEnd: {
       Machine& mach = machines_[item.a];
       if (mach.slowdown_gen != item.gen || mach.state == MachineState::Down) return;
-      slowed_ -= mach.slowdown_permille > 1000;
-      mach.slowdown_permille = 1000;
-      if (mach.state == MachineState::InJob) {
-        if (training_) {
-          stop_training();
-          training_ = true;
-          slowdown_ = slowdown_max();
-          schedule_training();
-        }
-        master_.observe(SlowdownObserved{item.a, 1000});
-      }
+      set_speed(item.a, 1000);
       return;
     }
     case ItemKind::ProcessesUp:
@@ -452,18 +461,14 @@ void Simulator::execute(const Event& d) {
           try_fill();
         } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
           plan_ = p;
-          if (training_) {
-            stop_training();
-            training_ = true;
-            schedule_training();
-          }
+          reanchor();
         } else if constexpr (std::is_same_v<T, RestartJob>) {
           stop_training();
           ++restart_gen_;
           restart_ = p;
           // A machine that is down cannot start its trainer: the restart fails and is noticed.
           if (!down_in_job_.empty()) {
-            const int32_t m = *down_in_job_.begin();
+            const int32_t m = down_in_job_.next();
             detections_.push_back(FailureObserved{m, FailureKind::NodeLost, 0, 0, "node unreachable during restart", clock_.now()});
             queue_.push(clock_.now() + trace_.job.heartbeat_timeout,
                         Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});

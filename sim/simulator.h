@@ -3,12 +3,12 @@
 // decisions, exactly as a live backend would, so the policies cannot tell the difference.
 #pragma once
 
-#include <set>
 #include <vector>
 
 #include "engine/clock.h"
 #include "engine/event_queue.h"
 #include "engine/job_master.h"
+#include "sim/index_set.h"
 #include "sim/trace.h"
 
 namespace goodput {
@@ -33,7 +33,7 @@ class Simulator final : public Backend {
 
  private:
   enum class ItemKind : uint8_t {
-    TraceEvent, Detect, Joined, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
+    Detect, Joined, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
     NoSpare
   };
   struct Item {
@@ -65,6 +65,8 @@ class Simulator final : public Backend {
   void stop_training();
   void start_training(int64_t step);
   void schedule_training();
+  void reanchor();
+  void set_speed(int32_t machine, int32_t slowdown_permille);
   // Periodic saves are not queued one by one: before anything else happens at time t, the saves
   // and persists that completed by t are worked out in closed form and reported together.
   void catch_up(Time t);
@@ -85,9 +87,10 @@ class Simulator final : public Backend {
   std::vector<FailureObserved> detections_;
   std::vector<Machine> machines_;
   std::vector<Slot> slots_;
-  std::set<int32_t> free_;
-  std::set<int32_t> waiting_;
-  std::set<int32_t> down_in_job_;  // machines that are down but still hold their slot  // slots that need a machine, lowest first
+  IndexSet free_;         // machines free to be placed, lowest first
+  IndexSet waiting_;      // slots that need a machine
+  IndexSet down_in_job_;  // machines that are down but still hold their slot
+  size_t next_trace_ = 0;  // trace events are sorted: read in order, not queued
   int32_t slowed_ = 0;         // machines running slow (most runs have none)
   bool finished_ = false;
 
