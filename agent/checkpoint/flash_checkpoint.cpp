@@ -1,0 +1,712 @@
+#include "agent/checkpoint/flash_checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace goodput::ckpt {
+namespace {
+
+constexpr char kMagic[8] = {'G', 'P', 'C', 'K', 'P', 'T', '0', '1'};
+constexpr uint64_t kHeaderBytes = 64;
+constexpr uint64_t kChunk = 256 * 1024;  // copy then hash while the chunk is still in cache
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t state;  // 0: being written (or empty), 1: committed
+  uint64_t generation;
+  int64_t step;
+  uint64_t data_bytes;
+  uint64_t manifest_offset;
+  uint64_t manifest_bytes;
+  uint64_t manifest_xxh3;
+};
+static_assert(sizeof(Header) == kHeaderBytes);
+
+uint64_t align64(uint64_t v) { return (v + 63) & ~uint64_t{63}; }
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string sys_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+nlohmann::json manifest_json(const Manifest& m) {
+  nlohmann::json j;
+  j["format_version"] = m.format_version;
+  j["job"] = m.job;
+  j["rank"] = m.rank;
+  j["world_size"] = m.world_size;
+  j["step"] = m.step;
+  j["data_bytes"] = m.data_bytes;
+  j["buffers"] = nlohmann::json::array();
+  for (const BufferInfo& b : m.buffers)
+    j["buffers"].push_back({{"name", b.name}, {"dtype", b.dtype}, {"shape", b.shape}, {"offset", b.offset},
+                            {"nbytes", b.nbytes}, {"xxh3", b.xxh3}});
+  return j;
+}
+
+Manifest manifest_from(const std::string& text) {
+  Manifest m;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    m.format_version = j.at("format_version").get<uint32_t>();
+    m.job = j.at("job").get<std::string>();
+    m.rank = j.at("rank").get<int32_t>();
+    m.world_size = j.at("world_size").get<int32_t>();
+    m.step = j.at("step").get<int64_t>();
+    m.data_bytes = j.at("data_bytes").get<uint64_t>();
+    for (const auto& b : j.at("buffers")) {
+      BufferInfo i;
+      i.name = b.at("name").get<std::string>();
+      i.dtype = b.at("dtype").get<std::string>();
+      i.shape = b.at("shape").get<std::vector<int64_t>>();
+      i.offset = b.at("offset").get<uint64_t>();
+      i.nbytes = b.at("nbytes").get<uint64_t>();
+      i.xxh3 = b.at("xxh3").get<uint64_t>();
+      if (i.offset > m.data_bytes || i.nbytes > m.data_bytes - i.offset)
+        throw CheckpointError("buffer '" + i.name + "' lies outside the data section");
+      m.buffers.push_back(std::move(i));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(std::string("manifest is not valid: ") + e.what());
+  }
+  if (m.format_version != kFormatVersion)
+    throw CheckpointError("format version " + std::to_string(m.format_version) + ", this build reads " +
+                          std::to_string(kFormatVersion));
+  return m;
+}
+
+uint32_t load_state(const Header* h) {
+  return std::atomic_ref<uint32_t>(const_cast<Header*>(h)->state).load(std::memory_order_acquire);
+}
+void store_state(Header* h, uint32_t v) { std::atomic_ref<uint32_t>(h->state).store(v, std::memory_order_release); }
+
+// Checks the header and the manifest of a checkpoint image that starts at `base` and is `size`
+// bytes long (the data is checked by the caller, fused with its copy).
+Manifest check_manifest(const Header& h, const uint8_t* manifest) {
+  if (XXH3_64bits(manifest, h.manifest_bytes) != h.manifest_xxh3) throw CheckpointError("manifest checksum mismatch");
+  Manifest m = manifest_from(std::string(reinterpret_cast<const char*>(manifest), h.manifest_bytes));
+  if (m.step != h.step || m.data_bytes != h.data_bytes) throw CheckpointError("header and manifest disagree");
+  return m;
+}
+
+void check_header(const Header& h, uint64_t size) {
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) throw CheckpointError("not a Goodput checkpoint (bad magic)");
+  if (h.version != kFormatVersion)
+    throw CheckpointError("format version " + std::to_string(h.version) + ", this build reads " + std::to_string(kFormatVersion));
+  if (h.manifest_offset < kHeaderBytes || h.manifest_offset > size || h.manifest_bytes > size - h.manifest_offset ||
+      h.data_bytes > h.manifest_offset - kHeaderBytes)
+    throw CheckpointError("truncated: header promises " + std::to_string(h.manifest_offset + h.manifest_bytes) +
+                          " bytes, found " + std::to_string(size));
+}
+
+Manifest check_image(const uint8_t* base, uint64_t size, const Header& h) {
+  check_header(h, size);
+  return check_manifest(h, base + h.manifest_offset);
+}
+
+// Copies (dst != nullptr) and checksums every buffer; throws naming the first one that is wrong.
+void verify_buffers(const Manifest& m, const uint8_t* data, uint8_t* dst) {
+  for (const BufferInfo& b : m.buffers) {
+    const uint8_t* src = data + b.offset;
+    uint64_t h;
+    if (dst) {
+      XXH3_state_t* st = XXH3_createState();
+      XXH3_64bits_reset(st);
+      for (uint64_t off = 0; off < b.nbytes; off += kChunk) {
+        const uint64_t n = std::min(kChunk, b.nbytes - off);
+        std::memcpy(dst + b.offset + off, src + off, n);
+        XXH3_64bits_update(st, dst + b.offset + off, n);
+      }
+      h = XXH3_64bits_digest(st);
+      XXH3_freeState(st);
+    } else {
+      h = XXH3_64bits(src, b.nbytes);
+    }
+    if (h != b.xxh3) throw CheckpointError("checksum mismatch in buffer '" + b.name + "'");
+  }
+}
+
+// ---- shared memory -------------------------------------------------------------------------------
+
+struct ShmMap {
+  int fd = -1;
+  uint8_t* base = nullptr;
+  uint64_t size = 0;
+  ~ShmMap() {
+    if (base) ::munmap(base, size);
+    if (fd >= 0) ::close(fd);
+  }
+  Header* header() const { return reinterpret_cast<Header*>(base); }
+};
+
+// Opens an existing object read-only; nullptr if it does not exist or is too small to hold a header.
+std::shared_ptr<ShmMap> open_shm(const std::string& name, bool writable) {
+  const int fd = ::shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return nullptr;
+    throw CheckpointError(sys_error("shm_open " + name));
+  }
+  auto m = std::make_shared<ShmMap>();
+  m->fd = fd;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw CheckpointError(sys_error("fstat " + name));
+  if (static_cast<uint64_t>(st.st_size) < kHeaderBytes) return nullptr;
+  m->size = static_cast<uint64_t>(st.st_size);
+  void* p = ::mmap(nullptr, m->size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) throw CheckpointError(sys_error("mmap " + name));
+  m->base = static_cast<uint8_t*>(p);
+  return m;
+}
+
+// Opens or creates an object for writing with at least `size` bytes (it only ever grows, so a
+// reader that mapped it earlier never faults).
+std::shared_ptr<ShmMap> open_shm_for_write(const std::string& name, uint64_t size) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT, 0600);
+  if (fd < 0) throw CheckpointError(sys_error("shm_open " + name));
+  auto m = std::make_shared<ShmMap>();
+  m->fd = fd;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw CheckpointError(sys_error("fstat " + name));
+  uint64_t have = static_cast<uint64_t>(st.st_size);
+  if (have < size) {
+    if (have >= kHeaderBytes) {
+      // Mark it as being written before it changes size, in case we die half way.
+      void* h = ::mmap(nullptr, kHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (h != MAP_FAILED) {
+        store_state(static_cast<Header*>(h), 0);
+        ::munmap(h, kHeaderBytes);
+      }
+    }
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) throw CheckpointError(sys_error("ftruncate " + name));
+    have = size;
+  }
+  m->size = have;
+  // Populate: one call maps every page, instead of one fault per page during the copy.
+  void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) throw CheckpointError(sys_error("mmap " + name));
+  m->base = static_cast<uint8_t*>(p);
+  return m;
+}
+
+struct SlotInfo {
+  bool committed = false;
+  uint64_t generation = 0;
+  int64_t step = -1;
+};
+
+// Reads a header without mapping the object (mapping costs a page-table walk per page).
+bool read_header(int fd, Header& h) { return ::pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h); }
+
+SlotInfo peek(const std::string& name) {
+  SlotInfo s;
+  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return s;
+  Header h{};
+  const bool ok = read_header(fd, h);
+  ::close(fd);
+  if (!ok || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.state != 1) return s;
+  s.committed = true;
+  s.generation = h.generation;
+  s.step = h.step;
+  return s;
+}
+
+// Reads `n` bytes at `off` into dst, hashing as it goes; returns the hash.
+uint64_t pread_hashed(int fd, uint8_t* dst, uint64_t n, uint64_t off) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, dst + done, std::min(kChunk, n - done), static_cast<off_t>(off + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      XXH3_freeState(st);
+      throw CheckpointError("truncated while reading");
+    }
+    XXH3_64bits_update(st, dst + done, static_cast<size_t>(got));
+    done += static_cast<uint64_t>(got);
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+// Reads a committed checkpoint out of shared memory: into a private copy, or verified in place.
+Loaded read_shm(const std::string& name, bool zero_copy, std::shared_ptr<std::vector<uint8_t>> reuse = nullptr) {
+  auto t0 = std::chrono::steady_clock::now();
+  Loaded out;
+  out.tier = Tier::Memory;
+  out.source = name;
+  Header snap{};
+  if (zero_copy) {
+    auto m = open_shm(name, false);
+    if (!m) throw CheckpointError("not present");
+    const Header* h = m->header();
+    if (load_state(h) != 1) throw CheckpointError("not committed (a save was interrupted)");
+    snap = *h;
+    out.manifest = check_image(m->base, m->size, snap);
+    verify_buffers(out.manifest, m->base + kHeaderBytes, nullptr);
+    if (load_state(h) != 1 || h->generation != snap.generation) throw CheckpointError("overwritten while reading");
+    out.keepalive_ = m;
+    out.data_ = m->base + kHeaderBytes;
+  } else {
+    // A private copy, read through the file interface: no mapping to build for the source.
+    const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) throw CheckpointError(errno == ENOENT ? "not present" : sys_error("shm_open"));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st {};
+    ::fstat(fd, &st);
+    if (!read_header(fd, snap)) throw CheckpointError("truncated: no header");
+    if (snap.state != 1) throw CheckpointError("not committed (a save was interrupted)");
+    check_header(snap, static_cast<uint64_t>(st.st_size));
+    std::vector<uint8_t> manifest(snap.manifest_bytes);
+    if (::pread(fd, manifest.data(), manifest.size(), static_cast<off_t>(snap.manifest_offset)) !=
+        static_cast<ssize_t>(manifest.size()))
+      throw CheckpointError("truncated manifest");
+    out.manifest = check_manifest(snap, manifest.data());
+    auto buf = reuse ? reuse : std::make_shared<std::vector<uint8_t>>();
+    if (buf->size() < snap.data_bytes) buf->resize(snap.data_bytes);
+    for (const BufferInfo& b : out.manifest.buffers)
+      if (pread_hashed(fd, buf->data() + b.offset, b.nbytes, kHeaderBytes + b.offset) != b.xxh3)
+        throw CheckpointError("checksum mismatch in buffer '" + b.name + "'");
+    // A save that started meanwhile resets the state first: then what we read may be torn.
+    Header after{};
+    if (!read_header(fd, after) || after.state != 1 || after.generation != snap.generation)
+      throw CheckpointError("overwritten while reading");
+    out.keepalive_ = buf;
+    out.data_ = buf->data();
+  }
+  out.seconds = since(t0);
+  return out;
+}
+
+// ---- files ---------------------------------------------------------------------------------------
+
+class PosixStorage final : public Storage {
+ public:
+  void write_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) override {
+    const std::string tmp = path + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) throw CheckpointError(sys_error("open " + tmp));
+    auto fail = [&](const std::string& what) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      errno = e;
+      throw CheckpointError(sys_error(what + " " + tmp));
+    };
+    for (const auto& [data, size] : parts) {
+      const char* p = static_cast<const char*>(data);
+      size_t left = size;
+      while (left > 0) {
+        const ssize_t n = ::write(fd, p, std::min<size_t>(left, size_t{1} << 30));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          fail("write");
+        }
+        p += n;
+        left -= static_cast<size_t>(n);
+      }
+    }
+    if (::fsync(fd) != 0) fail("fsync");
+    if (::close(fd) != 0) {
+      ::unlink(tmp.c_str());
+      throw CheckpointError(sys_error("close " + tmp));
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      ::unlink(tmp.c_str());
+      throw CheckpointError(sys_error("rename " + tmp));
+    }
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+  std::vector<uint8_t> read(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw CheckpointError(sys_error("open " + path));
+    struct stat st {};
+    ::fstat(fd, &st);
+    std::vector<uint8_t> out(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    out.resize(got);
+    return out;
+  }
+  std::vector<std::string> list(const std::string& dir) override {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  void remove_all(const std::string& path) override {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  void make_dirs(const std::string& path) override {
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+    if (ec) throw CheckpointError(path + ": cannot create: " + ec.message());
+    ::chmod(path.c_str(), 0700);
+  }
+};
+
+std::optional<int64_t> parse_step_dir(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+const char* tier_name(Tier t) { return t == Tier::Memory ? "memory" : "storage"; }
+
+std::shared_ptr<Storage> posix_storage() { return std::make_shared<PosixStorage>(); }
+
+const uint8_t* Loaded::buffer(const std::string& name, uint64_t* nbytes) const {
+  for (const BufferInfo& b : manifest.buffers)
+    if (b.name == name) {
+      if (nbytes) *nbytes = b.nbytes;
+      return data_ + b.offset;
+    }
+  return nullptr;
+}
+
+Loaded read_checkpoint_file(Storage& storage, const std::string& path) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto bytes = std::make_shared<std::vector<uint8_t>>(storage.read(path));
+  if (bytes->size() < kHeaderBytes)
+    throw CheckpointError("truncated: " + std::to_string(bytes->size()) + " bytes, not even a header");
+  Header h;
+  std::memcpy(&h, bytes->data(), sizeof h);
+  if (h.state != 1) throw CheckpointError("not committed");
+  Manifest m = check_image(bytes->data(), bytes->size(), h);
+  verify_buffers(m, bytes->data() + kHeaderBytes, nullptr);
+  Loaded out;
+  out.manifest = std::move(m);
+  out.tier = Tier::Storage;
+  out.source = path;
+  out.keepalive_ = bytes;
+  out.data_ = bytes->data() + kHeaderBytes;
+  out.seconds = since(t0);
+  return out;
+}
+
+FlashCheckpoint::FlashCheckpoint(Options o) : options_(std::move(o)) {
+  if (options_.rank < 0 || options_.world_size < 1 || options_.rank >= options_.world_size)
+    throw CheckpointError("rank " + std::to_string(options_.rank) + " is outside a world of " +
+                          std::to_string(options_.world_size));
+  if (options_.shm_prefix.empty()) options_.shm_prefix = "/goodput-" + options_.job;
+  if (options_.shm_prefix[0] != '/' || options_.shm_prefix.find('/', 1) != std::string::npos)
+    throw CheckpointError("shm prefix must be one '/'-led name: " + options_.shm_prefix);
+  if (!options_.storage) options_.storage = posix_storage();
+  if (options_.keep < 1) options_.keep = 1;
+}
+
+std::string FlashCheckpoint::shm_name(int which) const {
+  return options_.shm_prefix + "-r" + std::to_string(options_.rank) + (which == 0 ? "-a" : "-b");
+}
+
+std::string FlashCheckpoint::step_dir(int64_t step) const {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%012lld", static_cast<long long>(step));
+  return options_.storage_dir + "/" + buf;
+}
+
+std::string FlashCheckpoint::rank_file(int64_t step, int32_t rank) const {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "/rank-%05d.ckpt", rank);
+  return step_dir(step) + buf;
+}
+
+SaveStats FlashCheckpoint::save(int64_t step, const std::vector<BufferView>& buffers) {
+  auto t0 = std::chrono::steady_clock::now();
+  Manifest m;
+  m.job = options_.job;
+  m.rank = options_.rank;
+  m.world_size = options_.world_size;
+  m.step = step;
+  uint64_t off = 0;
+  for (const BufferView& b : buffers) {
+    if (b.nbytes && !b.data) throw CheckpointError("buffer '" + b.name + "' has no data");
+    m.buffers.push_back(BufferInfo{b.name, b.dtype, b.shape, off, b.nbytes, ~uint64_t{0}});
+    off = align64(off + b.nbytes);
+  }
+  m.data_bytes = off;
+  // The manifest's size with the widest checksums bounds the real one.
+  const uint64_t manifest_max = manifest_json(m).dump().size() + 64;
+
+  // Write the object that does not hold the newest committed checkpoint.
+  const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
+  const int target = (a.committed && (!b.committed || a.generation > b.generation)) ? 1 : 0;
+  const uint64_t generation = std::max(a.generation, b.generation) + 1;
+  // Keep the mapping between saves: building it costs more than the copy on some machines. A
+  // mapping whose object was unlinked (the agent cleared memory) or is too small is replaced.
+  const uint64_t need = kHeaderBytes + m.data_bytes + manifest_max;
+  auto shm = std::static_pointer_cast<ShmMap>(write_maps_[target]);
+  struct stat st {};
+  if (!shm || shm->size < need || ::fstat(shm->fd, &st) != 0 || st.st_nlink == 0) {
+    write_maps_[target].reset();
+    shm = open_shm_for_write(shm_name(target), need);
+    write_maps_[target] = shm;
+  }
+  Header* h = shm->header();
+  store_state(h, 0);  // from here on, this object holds nothing loadable
+
+  uint8_t* data = shm->base + kHeaderBytes;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const auto* src = static_cast<const uint8_t*>(buffers[i].data);
+    BufferInfo& info = m.buffers[i];
+    XXH3_state_t* st = XXH3_createState();
+    XXH3_64bits_reset(st);
+    for (uint64_t o = 0; o < info.nbytes; o += kChunk) {
+      const uint64_t n = std::min(kChunk, info.nbytes - o);
+      std::memcpy(data + info.offset + o, src + o, n);
+      XXH3_64bits_update(st, data + info.offset + o, n);
+    }
+    info.xxh3 = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+  }
+  const std::string manifest = manifest_json(m).dump();
+  const uint64_t manifest_offset = kHeaderBytes + m.data_bytes;
+  std::memcpy(shm->base + manifest_offset, manifest.data(), manifest.size());
+  std::memcpy(h->magic, kMagic, sizeof kMagic);
+  h->version = kFormatVersion;
+  h->generation = generation;
+  h->step = step;
+  h->data_bytes = m.data_bytes;
+  h->manifest_offset = manifest_offset;
+  h->manifest_bytes = manifest.size();
+  h->manifest_xxh3 = XXH3_64bits(manifest.data(), manifest.size());
+  store_state(h, 1);  // commit: last, with release order
+  SaveStats s;
+  s.bytes = m.data_bytes;
+  s.seconds = since(t0);
+  s.object = shm_name(target);
+  return s;
+}
+
+std::optional<int64_t> FlashCheckpoint::newest_in_memory() const {
+  const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
+  if (!a.committed && !b.committed) return std::nullopt;
+  if (a.committed && (!b.committed || a.generation > b.generation)) return a.step;
+  return b.step;
+}
+
+std::vector<int64_t> FlashCheckpoint::storage_steps() const {
+  std::vector<int64_t> out;
+  if (options_.storage_dir.empty()) return out;
+  char rank_name[32];
+  std::snprintf(rank_name, sizeof rank_name, "rank-%05d.ckpt", options_.rank);
+  for (const std::string& d : options_.storage->list(options_.storage_dir)) {
+    auto step = parse_step_dir(d);
+    if (!step) continue;
+    const auto files = options_.storage->list(options_.storage_dir + "/" + d);
+    if (std::find(files.begin(), files.end(), rank_name) != files.end()) out.push_back(*step);
+  }
+  return out;
+}
+
+std::vector<int64_t> FlashCheckpoint::complete_storage_steps() const {
+  std::vector<int64_t> out;
+  if (options_.storage_dir.empty()) return out;
+  for (const std::string& d : options_.storage->list(options_.storage_dir)) {
+    auto step = parse_step_dir(d);
+    if (!step) continue;
+    int ranks = 0;
+    for (const std::string& f : options_.storage->list(options_.storage_dir + "/" + d))
+      if (f.rfind("rank-", 0) == 0 && f.size() > 5 && f.substr(f.size() - 5) == ".ckpt") ++ranks;
+    if (ranks >= options_.world_size) out.push_back(*step);
+  }
+  return out;
+}
+
+void FlashCheckpoint::remove_memory() {
+  write_maps_[0].reset();
+  write_maps_[1].reset();
+  ::shm_unlink(shm_name(0).c_str());
+  ::shm_unlink(shm_name(1).c_str());
+}
+
+std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool zero_copy) {
+  struct Candidate {
+    int64_t step;
+    Tier tier;
+    std::string where;
+  };
+  std::vector<Candidate> cands;
+  std::vector<std::string> skipped;
+  // Memory: this rank's committed objects, if every rank committed that step in its own memory.
+  for (int which = 0; which < 2; ++which) {
+    const SlotInfo s = peek(shm_name(which));
+    if (!s.committed || (want && s.step != *want)) continue;
+    bool complete = true;
+    for (int32_t r = 0; r < options_.world_size && complete; ++r) {
+      if (r == options_.rank) continue;
+      Options other = options_;
+      other.rank = r;
+      FlashCheckpoint peer(other);
+      const SlotInfo pa = peek(peer.shm_name(0)), pb = peek(peer.shm_name(1));
+      complete = (pa.committed && pa.step == s.step) || (pb.committed && pb.step == s.step);
+    }
+    if (complete) cands.push_back({s.step, Tier::Memory, shm_name(which)});
+    else skipped.push_back(shm_name(which) + ": step " + std::to_string(s.step) + " is not committed by every rank");
+  }
+  for (int64_t step : complete_storage_steps())
+    if (!want || step == *want) cands.push_back({step, Tier::Storage, rank_file(step, options_.rank)});
+  // Newest first; at equal steps memory before storage.
+  std::stable_sort(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) {
+    return x.step != y.step ? x.step > y.step : x.tier < y.tier;
+  });
+  for (const Candidate& c : cands) {
+    try {
+      Loaded l = c.tier == Tier::Memory ? read_shm(c.where, zero_copy) : read_checkpoint_file(*options_.storage, c.where);
+      if (l.manifest.step != c.step) throw CheckpointError("holds step " + std::to_string(l.manifest.step));
+      if (l.manifest.rank != options_.rank) throw CheckpointError("belongs to rank " + std::to_string(l.manifest.rank));
+      l.skipped = std::move(skipped);
+      return l;
+    } catch (const CheckpointError& e) {
+      skipped.push_back(c.where + ": " + e.what() + "; skipped");
+    }
+  }
+  if (!skipped.empty()) {
+    std::string why;
+    for (const auto& s : skipped) why += "\n  " + s;
+    throw CheckpointError("no valid checkpoint" + std::string(want ? " for step " + std::to_string(*want) : "") + ":" + why);
+  }
+  return std::nullopt;
+}
+
+PersistStats FlashCheckpoint::persist() {
+  PersistStats out;
+  if (options_.storage_dir.empty()) throw CheckpointError("no storage directory configured");
+  auto t0 = std::chrono::steady_clock::now();
+  const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
+  if (!a.committed && !b.committed) return out;
+  const std::string name = (a.committed && (!b.committed || a.generation > b.generation)) ? shm_name(0) : shm_name(1);
+  const int64_t step = name == shm_name(0) ? a.step : b.step;
+  out.step = step;
+  const auto have = storage_steps();
+  if (std::find(have.begin(), have.end(), step) != have.end()) return out;
+
+  // Copy out at memory speed, check it was not overwritten meanwhile, then write at disk speed.
+  if (!persist_buffer_) persist_buffer_ = std::make_shared<std::vector<uint8_t>>();
+  Loaded l = read_shm(name, /*zero_copy=*/false, std::static_pointer_cast<std::vector<uint8_t>>(persist_buffer_));
+  const std::string manifest = manifest_json(l.manifest).dump();
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = kFormatVersion;
+  h.state = 1;
+  h.generation = 0;
+  h.step = step;
+  h.data_bytes = l.manifest.data_bytes;
+  h.manifest_offset = kHeaderBytes + l.manifest.data_bytes;
+  h.manifest_bytes = manifest.size();
+  h.manifest_xxh3 = XXH3_64bits(manifest.data(), manifest.size());
+  options_.storage->make_dirs(step_dir(step));
+  out.path = rank_file(step, options_.rank);
+  options_.storage->write_atomic(out.path, {{&h, sizeof h}, {l.data(), l.manifest.data_bytes}, {manifest.data(), manifest.size()}});
+  out.written = true;
+  out.bytes = sizeof h + l.manifest.data_bytes + manifest.size();
+
+  // Keep the newest `keep` complete steps, and anything newer than the oldest of them.
+  const auto complete = complete_storage_steps();
+  if (static_cast<int>(complete.size()) > options_.keep) {
+    const int64_t oldest_kept = complete[complete.size() - static_cast<size_t>(options_.keep)];
+    for (const std::string& d : options_.storage->list(options_.storage_dir)) {
+      auto s = parse_step_dir(d);
+      if (s && *s < oldest_kept) options_.storage->remove_all(options_.storage_dir + "/" + d);
+    }
+  }
+  out.seconds = since(t0);
+  return out;
+}
+
+// ---- AsyncPersister ------------------------------------------------------------------------------
+
+AsyncPersister::AsyncPersister(FlashCheckpoint& c, std::function<void(const std::string&)> on_error)
+    : ckpt_(c), on_error_(std::move(on_error)), thread_([this] { loop(); }) {}
+
+AsyncPersister::~AsyncPersister() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void AsyncPersister::request() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = true;  // several requests while one write runs become one more write
+  }
+  cv_.notify_all();
+}
+
+void AsyncPersister::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !pending_ && !running_; });
+}
+
+std::string AsyncPersister::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+void AsyncPersister::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || pending_; });
+    if (stop_ && !pending_) return;
+    pending_ = false;
+    running_ = true;
+    lock.unlock();
+    std::string error;
+    try {
+      const PersistStats s = ckpt_.persist();
+      if (s.written) {
+        persisted_step_ = s.step;
+        ++writes_;
+      }
+    } catch (const std::exception& e) {
+      error = std::string("persist failed: ") + e.what();
+      if (on_error_) on_error_(error);
+    }
+    lock.lock();
+    if (!error.empty()) last_error_ = error;
+    running_ = false;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace goodput::ckpt

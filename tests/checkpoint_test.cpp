@@ -1,0 +1,347 @@
+// Flash checkpoints against real shared memory, real files and real processes killed with SIGKILL.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "agent/checkpoint/flash_checkpoint.h"
+#include "test_util.h"
+
+using namespace goodput::ckpt;
+using goodput::test::TempDir;
+
+namespace {
+
+std::string prefix(const std::string& name) { return "/gp-test-" + std::to_string(::getpid()) + "-" + name; }
+
+// Bytes that depend on the step and the buffer, so a mix of two saves is detectable: a fixed
+// random base per buffer (made once), XORed with a byte of the step (cheap, so a child process
+// spends its time saving rather than making data).
+std::vector<uint8_t> pattern(int64_t step, int which, size_t n) {
+  static std::map<std::pair<int, size_t>, std::vector<uint8_t>> bases;
+  auto& base = bases[{which, n}];
+  if (base.size() != n) {
+    base.resize(n);
+    uint64_t x = static_cast<uint64_t>(which) * 2654435761u + n + 1;
+    for (size_t i = 0; i < n; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      base[i] = static_cast<uint8_t>(x);
+    }
+  }
+  std::vector<uint8_t> v(base);
+  const uint8_t k = static_cast<uint8_t>(step * 167 + 13);
+  for (auto& b : v) b ^= k;
+  return v;
+}
+
+struct State {
+  std::vector<uint8_t> weights, optimizer;
+  explicit State(int64_t step, size_t n = 1 << 20) : weights(pattern(step, 0, n)), optimizer(pattern(step, 1, n / 3 + 7)) {}
+  std::vector<BufferView> views() const {
+    return {{"model.weight", "float32", {static_cast<int64_t>(weights.size() / 4)}, weights.data(), weights.size()},
+            {"optim.exp_avg", "bytes", {static_cast<int64_t>(optimizer.size())}, optimizer.data(), optimizer.size()}};
+  }
+};
+
+void check_holds(const Loaded& l, int64_t step, size_t n = 1 << 20) {
+  const State want(step, n);
+  uint64_t nb = 0;
+  const uint8_t* w = l.buffer("model.weight", &nb);
+  REQUIRE(w);
+  REQUIRE(nb == want.weights.size());
+  CHECK(std::memcmp(w, want.weights.data(), nb) == 0);
+  const uint8_t* o = l.buffer("optim.exp_avg", &nb);
+  REQUIRE(o);
+  REQUIRE(nb == want.optimizer.size());
+  CHECK(std::memcmp(o, want.optimizer.data(), nb) == 0);
+}
+
+Options opts(const std::string& name, const TempDir& dir, int rank = 0, int world = 1) {
+  Options o;
+  o.job = name;
+  o.rank = rank;
+  o.world_size = world;
+  o.storage_dir = dir.file("ckpt");
+  o.shm_prefix = prefix(name);
+  return o;
+}
+
+struct Cleanup {
+  std::vector<FlashCheckpoint*> c;
+  ~Cleanup() {
+    for (auto* x : c) x->remove_memory();
+  }
+};
+
+// Storage that fails writes once armed: a full disk, as far as the caller can tell.
+class FullDisk final : public Storage {
+ public:
+  std::shared_ptr<Storage> real = posix_storage();
+  bool full = false;
+  void write_atomic(const std::string& p, const std::vector<std::pair<const void*, size_t>>& parts) override {
+    if (full) throw CheckpointError("write " + p + ".tmp: No space left on device");
+    real->write_atomic(p, parts);
+  }
+  std::vector<uint8_t> read(const std::string& p) override { return real->read(p); }
+  std::vector<std::string> list(const std::string& d) override { return real->list(d); }
+  void remove_all(const std::string& p) override { real->remove_all(p); }
+  void make_dirs(const std::string& p) override { real->make_dirs(p); }
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips through memory and through storage bit for bit") {
+  TempDir dir("ckpt-roundtrip");
+  FlashCheckpoint c(opts("rt", dir));
+  Cleanup clean{{&c}};
+  CHECK_FALSE(c.load().has_value());
+  const State s(7);
+  const SaveStats st = c.save(7, s.views());
+  CHECK(st.bytes >= s.weights.size() + s.optimizer.size());
+  auto mem = c.load();
+  REQUIRE(mem);
+  CHECK(mem->tier == Tier::Memory);
+  CHECK(mem->manifest.step == 7);
+  check_holds(*mem, 7);
+  auto zc = c.load(std::nullopt, /*zero_copy=*/true);
+  REQUIRE(zc);
+  check_holds(*zc, 7);
+
+  const PersistStats p = c.persist();
+  CHECK(p.written);
+  CHECK(c.persist().written == false);  // storage already has step 7
+  c.remove_memory();                    // the node is gone; its memory with it
+  auto disk = c.load();
+  REQUIRE(disk);
+  CHECK(disk->tier == Tier::Storage);
+  check_holds(*disk, 7);
+  CHECK((std::filesystem::status(c.step_dir(7)).permissions() & std::filesystem::perms::others_all) ==
+        std::filesystem::perms::none);
+}
+
+TEST_CASE("a trainer killed with SIGKILL in the middle of a save leaves the previous checkpoint loadable") {
+  TempDir dir("ckpt-kill");
+  const size_t n = 48 << 20;  // 48 MiB per save: a kill usually lands inside the copy
+  std::mt19937 rng(12345);
+  int caught_mid_save = 0;
+  for (int round = 0; round < 12; ++round) {
+    FlashCheckpoint c(opts("kill" + std::to_string(round), dir));
+    Cleanup clean{{&c}};
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      FlashCheckpoint child(c.options());
+      for (int64_t step = 1;; ++step) {
+        const State s(step, n);
+        const int64_t starting = -step;  // "about to save", then "saved"
+        if (::write(fds[1], &starting, sizeof starting) != sizeof starting) _exit(1);
+        child.save(step, s.views());
+        if (::write(fds[1], &step, sizeof step) != sizeof step) _exit(1);
+      }
+    }
+    ::close(fds[1]);
+    int64_t announced = 0, v = 0;
+    while (announced < 2 && ::read(fds[0], &v, sizeof v) == sizeof v)
+      if (v > 0) announced = v;
+    // Wait for the next save to start, then kill it at a random point of the copy.
+    while (v >= 0 && ::read(fds[0], &v, sizeof v) == sizeof v)
+      if (v > 0) announced = v;
+    ::usleep(static_cast<useconds_t>(rng() % 15000));
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    while (::read(fds[0], &v, sizeof v) == sizeof v)
+      if (v > 0) announced = v;
+    ::close(fds[0]);
+    // One of the two objects may hold a half-written save; it must never be returned.
+    const auto a = c.shm_name(0), b = c.shm_name(1);
+    auto l = c.load();
+    REQUIRE(l);
+    CAPTURE(announced);
+    CHECK((l->manifest.step == announced || l->manifest.step == announced + 1));
+    check_holds(*l, l->manifest.step, n);
+    // Was the newer object caught mid-save? Then its header is not committed.
+    for (const auto& name : {a, b}) {
+      const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+      if (fd < 0) continue;
+      uint32_t state = 1;
+      if (::pread(fd, &state, sizeof state, 12) == sizeof state && state == 0) ++caught_mid_save;
+      ::close(fd);
+    }
+  }
+  MESSAGE("kills that landed inside a save: " << caught_mid_save << " of 12");
+  CHECK(caught_mid_save > 0);
+}
+
+TEST_CASE("a flipped byte in memory fails its checksum and the load falls back to storage") {
+  TempDir dir("ckpt-flip");
+  FlashCheckpoint c(opts("flip", dir));
+  Cleanup clean{{&c}};
+  c.save(3, State(3).views());
+  REQUIRE(c.persist().written);
+  const std::string obj = c.shm_name(0);
+  const int fd = ::shm_open(obj.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  uint8_t byte;
+  REQUIRE(::pread(fd, &byte, 1, 64 + 1000) == 1);
+  byte ^= 0x40;
+  REQUIRE(::pwrite(fd, &byte, 1, 64 + 1000) == 1);
+  ::close(fd);
+  auto l = c.load();
+  REQUIRE(l);
+  CHECK(l->tier == Tier::Storage);
+  check_holds(*l, 3);
+  REQUIRE(l->skipped.size() == 1);
+  CHECK(l->skipped[0].find(obj + ": checksum mismatch in buffer 'model.weight'; skipped") == 0);
+}
+
+TEST_CASE("a truncated file in storage is skipped and the older step loads, with a message") {
+  TempDir dir("ckpt-trunc");
+  FlashCheckpoint c(opts("trunc", dir));
+  Cleanup clean{{&c}};
+  c.save(1, State(1).views());
+  c.persist();
+  c.save(2, State(2).views());
+  c.persist();
+  c.remove_memory();
+  std::filesystem::resize_file(c.rank_file(2, 0), 5000);
+  auto l = c.load();
+  REQUIRE(l);
+  CHECK(l->manifest.step == 1);
+  check_holds(*l, 1);
+  REQUIRE(l->skipped.size() == 1);
+  CHECK(l->skipped[0].find(c.rank_file(2, 0) + ": truncated") == 0);
+  // Asking for the broken step says why it cannot be had.
+  CHECK_THROWS_WITH_AS(c.load(2), doctest::Contains("truncated"), CheckpointError);
+}
+
+TEST_CASE("a full disk during persist keeps the previous persisted checkpoint and never blocks saving") {
+  TempDir dir("ckpt-full");
+  auto disk = std::make_shared<FullDisk>();
+  Options o = opts("full", dir);
+  o.storage = disk;
+  FlashCheckpoint c(o);
+  Cleanup clean{{&c}};
+  std::vector<std::string> errors;
+  std::mutex mu;
+  AsyncPersister persister(c, [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    errors.push_back(e);
+  });
+  c.save(10, State(10).views());
+  persister.request();
+  persister.drain();
+  CHECK(persister.persisted_step() == 10);
+  disk->full = true;
+  for (int64_t step = 11; step <= 14; ++step) {
+    const SaveStats s = c.save(step, State(step).views());  // training goes on regardless
+    CHECK(s.bytes > 0);
+    persister.request();
+  }
+  persister.drain();
+  CHECK(persister.last_error().find("No space left on device") != std::string::npos);
+  CHECK_FALSE(errors.empty());
+  CHECK(c.complete_storage_steps() == std::vector<int64_t>{10});
+  CHECK_FALSE(std::filesystem::exists(c.rank_file(14, 0) + ".tmp"));
+  c.remove_memory();
+  auto l = c.load();
+  REQUIRE(l);
+  CHECK(l->manifest.step == 10);
+  check_holds(*l, 10);
+}
+
+TEST_CASE("persist on failure: the agent writes a dead trainer's memory checkpoint for a fresh process") {
+  TempDir dir("ckpt-pof");
+  FlashCheckpoint agent(opts("pof", dir));
+  Cleanup clean{{&agent}};
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    FlashCheckpoint trainer(agent.options());
+    trainer.save(5, State(5).views());  // memory only
+    ::pause();
+    _exit(0);
+  }
+  // Wait for the save, then kill the trainer the hard way.
+  for (int i = 0; i < 500 && agent.newest_in_memory() != std::optional<int64_t>(5); ++i) ::usleep(10000);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  CHECK(agent.storage_steps().empty());
+  const PersistStats p = agent.persist();  // the agent's reaction to the exit
+  CHECK(p.written);
+  CHECK(p.step == 5);
+  agent.remove_memory();  // and the node is replaced: nothing left in memory
+  FlashCheckpoint fresh(agent.options());
+  auto l = fresh.load();
+  REQUIRE(l);
+  CHECK(l->tier == Tier::Storage);
+  check_holds(*l, 5);
+}
+
+TEST_CASE("a step committed by only one of two ranks is not chosen") {
+  TempDir dir("ckpt-ranks");
+  FlashCheckpoint r0(opts("ranks", dir, 0, 2)), r1(opts("ranks", dir, 1, 2));
+  Cleanup clean{{&r0, &r1}};
+  r0.save(10, State(10).views());
+  r1.save(10, State(10).views());
+  r0.save(20, State(20).views());  // rank 1 dies before saving step 20
+  for (FlashCheckpoint* c : {&r0, &r1}) {
+    auto l = c->load();
+    REQUIRE(l);
+    CHECK(l->manifest.step == 10);
+    CHECK(l->tier == Tier::Memory);
+  }
+  // Storage: rank 0 persisted 20 as well, rank 1 only 10.
+  r0.persist();
+  r1.persist();
+  CHECK(r0.complete_storage_steps() == std::vector<int64_t>{});
+  r0.remove_memory();
+  r1.remove_memory();
+  CHECK_FALSE(r0.load().has_value());  // 20 lacks rank 1, and 10 lacks rank 0
+  r0.save(10, State(10).views());
+  r0.persist();
+  CHECK(r1.complete_storage_steps() == std::vector<int64_t>{10});
+  auto l = r1.load();
+  REQUIRE(l);
+  CHECK(l->manifest.step == 10);
+  CHECK(l->tier == Tier::Storage);
+}
+
+TEST_CASE("storage keeps the newest complete steps only") {
+  TempDir dir("ckpt-keep");
+  Options o = opts("keep", dir);
+  o.keep = 2;
+  FlashCheckpoint c(o);
+  Cleanup clean{{&c}};
+  for (int64_t step = 1; step <= 5; ++step) {
+    c.save(step, State(step, 4096).views());
+    c.persist();
+  }
+  CHECK(c.complete_storage_steps() == std::vector<int64_t>{4, 5});
+}
+
+TEST_CASE("async persist requests collapse while a write runs") {
+  TempDir dir("ckpt-async");
+  FlashCheckpoint c(opts("async", dir));
+  Cleanup clean{{&c}};
+  AsyncPersister p(c);
+  for (int64_t step = 1; step <= 50; ++step) {
+    c.save(step, State(step, 1 << 16).views());
+    p.request();
+  }
+  p.drain();
+  CHECK(p.persisted_step() == 50);
+  CHECK(p.writes() <= 50);
+  CHECK(p.last_error().empty());
+}
