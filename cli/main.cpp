@@ -8,6 +8,8 @@
 #include <mutex>
 
 #include "cli/bench.h"
+#include "cli/ckpt.h"
+#include "agent/checkpoint/flash_checkpoint.h"
 #include "engine/event_json.h"
 #include "engine/event_store.h"
 #include "engine/report.h"
@@ -345,6 +347,8 @@ int main(int argc, char** argv) {
     }
   });
 
+  add_ckpt_commands(app, rc);
+
   BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "Benchmarks: core loop, replay, Monte Carlo (ratios against baselines)");
   bench->add_option("--trace", bo.trace_path, "The 54-day trace")->capture_default_str();
@@ -364,6 +368,9 @@ int main(int argc, char** argv) {
     std::cerr << "goodput: policy: " << e.what() << "\n";
     return 2;
   } catch (const StoreError& e) {
+    std::cerr << "goodput: " << e.what() << "\n";
+    return 2;
+  } catch (const ckpt::CheckpointError& e) {
     std::cerr << "goodput: " << e.what() << "\n";
     return 2;
   } catch (const BadInput& e) {

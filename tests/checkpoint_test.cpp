@@ -345,3 +345,50 @@ TEST_CASE("async persist requests collapse while a write runs") {
   CHECK(p.writes() <= 50);
   CHECK(p.last_error().empty());
 }
+
+TEST_CASE("goodput ckpt lists, verifies and removes checkpoints, and names what is broken") {
+  using goodput::test::goodput_cmd;
+  using goodput::test::run_command;
+  TempDir dir("ckpt-cli");
+  FlashCheckpoint r0(opts("cli", dir, 0, 2)), r1(opts("cli", dir, 1, 2));
+  Cleanup clean{{&r0, &r1}};
+  for (int64_t step : {100, 200}) {
+    r0.save(step, State(step, 4096).views());
+    r0.persist();
+  }
+  r1.save(100, State(100, 4096).views());
+  r1.persist();
+  const std::string d = r0.options().storage_dir;
+  auto ls = run_command(goodput_cmd("ckpt ls " + d));
+  CHECK(ls.exit_code == 0);
+  CHECK(ls.output.find("step 100: 2 of 2 ranks, complete") != std::string::npos);
+  CHECK(ls.output.find("step 200: 1 of 2 ranks, INCOMPLETE") != std::string::npos);
+  CHECK(run_command(goodput_cmd("ckpt verify " + d)).exit_code == 0);
+
+  // One flipped byte in a file: verify exits 2 and names the file and the buffer.
+  {
+    std::FILE* f = std::fopen(r1.rank_file(100, 1).c_str(), "r+b");
+    REQUIRE(f);
+    std::fseek(f, 64 + 10, SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, 64 + 10, SEEK_SET);
+    std::fputc(c ^ 1, f);
+    std::fclose(f);
+  }
+  auto v = run_command(goodput_cmd("ckpt verify " + d));
+  CHECK(v.exit_code == 2);
+  CHECK(v.output.find(r1.rank_file(100, 1)) != std::string::npos);
+  CHECK(v.output.find("checksum mismatch in buffer 'model.weight'") != std::string::npos);
+
+  auto shm = run_command(goodput_cmd("ckpt ls --shm " + r0.options().shm_prefix));
+  CHECK(shm.output.find(r0.shm_name(0)) != std::string::npos);
+  CHECK(shm.output.find("step 200") != std::string::npos);
+  CHECK(run_command(goodput_cmd("ckpt verify --shm " + r0.options().shm_prefix)).exit_code == 0);
+
+  CHECK(run_command(goodput_cmd("ckpt rm " + d + " --step 200")).exit_code == 0);
+  CHECK_FALSE(std::filesystem::exists(r0.step_dir(200)));
+  CHECK(run_command(goodput_cmd("ckpt rm " + d + " --step 999")).exit_code == 2);
+  CHECK(run_command(goodput_cmd("ckpt rm --shm " + r0.options().shm_prefix)).exit_code == 0);
+  CHECK_FALSE(r0.newest_in_memory().has_value());
+  CHECK(run_command(goodput_cmd("ckpt ls")).exit_code == 2);
+}

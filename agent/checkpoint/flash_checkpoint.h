@@ -149,6 +149,25 @@ class FlashCheckpoint {
   std::shared_ptr<void> persist_buffer_;  // reused between persists: bounded memory, no page faults
 };
 
+// For operators (`goodput ckpt`): what is in shared memory and in a storage directory.
+struct ObjectInfo {
+  std::string name;    // shm object ("/goodput-job-r0-a") or file path
+  bool valid = false;  // committed (memory) / verified (files, when asked)
+  std::string error;   // why not
+  int64_t step = -1;
+  int32_t rank = -1;
+  int32_t world_size = 0;
+  uint64_t bytes = 0;
+  uint64_t generation = 0;
+};
+// Objects under /dev/shm whose names start with `prefix` (e.g. "/goodput-job"). Headers only.
+std::vector<ObjectInfo> list_shm(const std::string& prefix);
+// Every rank file of every step directory; with verify, checksums of all bytes too.
+std::vector<ObjectInfo> list_storage(Storage& storage, const std::string& dir, bool verify);
+
+// Reads and verifies one committed shared-memory object into a private copy.
+Loaded read_shm_object(const std::string& name);
+
 // Reads and verifies one checkpoint file (header, manifest checksum, every buffer's checksum).
 // Throws CheckpointError saying what is wrong.
 Loaded read_checkpoint_file(Storage& storage, const std::string& path);

@@ -1,0 +1,1 @@
+"""Goodput's training-side client: flash checkpoints for PyTorch state."""

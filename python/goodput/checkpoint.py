@@ -1,0 +1,140 @@
+"""Flash checkpoints for PyTorch.
+
+    from goodput.checkpoint import FlashCheckpoint
+    ckpt = FlashCheckpoint(job="llm", rank=rank, world_size=world, storage_dir="/ckpt")
+    ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict(), "rng": torch.get_rng_state()})
+    step, state = ckpt.load()          # (None, None) when there is nothing to load
+
+save() copies every tensor into host shared memory (device tensors are copied to the host first)
+and returns; that copy is all training waits for. Anything that is not a tensor (ints, floats,
+strings, lists, nested dicts) is pickled alongside. load() returns the newest checkpoint that every
+rank committed, from shared memory if it is there and intact, else from storage; the tensors it
+returns are views of one private, verified copy (no second copy). persist() writes the newest
+memory checkpoint to storage; the node agent normally does that in the background.
+"""
+
+import pickle
+import time
+
+import torch
+
+from goodput import _ckpt
+
+CheckpointError = _ckpt.CheckpointError
+
+_SKELETON = "__skeleton__"
+
+
+class _TensorRef:
+    """Stands in for a tensor inside the pickled skeleton."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+    def __reduce__(self):
+        return (_TensorRef, (self.index,))
+
+
+def _flatten(obj, tensors):
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorRef(len(tensors) - 1)
+    if isinstance(obj, dict):
+        out = type(obj)()  # keeps OrderedDict (state_dict) an OrderedDict
+        for k, v in obj.items():
+            out[k] = _flatten(v, tensors)
+        return out
+    if isinstance(obj, list):
+        return [_flatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_flatten(v, tensors) for v in obj)
+    return obj
+
+
+def _unflatten(obj, tensors):
+    if isinstance(obj, _TensorRef):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        out = type(obj)()
+        for k, v in obj.items():
+            out[k] = _unflatten(v, tensors)
+        return out
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_unflatten(v, tensors) for v in obj)
+    return obj
+
+
+def _dtype(name):
+    dtype = getattr(torch, name.rsplit(".", 1)[-1], None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"unknown dtype {name!r} in checkpoint")
+    return dtype
+
+
+class FlashCheckpoint:
+    def __init__(self, job, rank=0, world_size=1, storage_dir="", shm_prefix="", keep=3):
+        self._c = _ckpt.FlashCheckpoint(job, rank, world_size, storage_dir, shm_prefix, keep)
+        self.last_save = None
+        self.last_load = None
+
+    def save(self, step, state):
+        """Copies `state` into shared memory as `step`. Returns {"bytes", "seconds", "object"}."""
+        t0 = time.perf_counter()
+        tensors = []
+        skeleton = pickle.dumps(_flatten(state, tensors), protocol=pickle.HIGHEST_PROTOCOL)
+        host = []
+        for t in tensors:
+            t = t.detach()
+            if t.device.type != "cpu":
+                t = t.to("cpu")
+            host.append(t.contiguous())
+        meta = torch.frombuffer(bytearray(skeleton), dtype=torch.uint8) if skeleton else torch.empty(0, dtype=torch.uint8)
+        buffers = [(_SKELETON, "bytes", [len(skeleton)], meta.data_ptr(), len(skeleton))]
+        for i, t in enumerate(host):
+            buffers.append((str(i), str(t.dtype), list(t.shape), t.data_ptr(), t.numel() * t.element_size()))
+        stats = self._c.save_raw(int(step), buffers)
+        stats["total_seconds"] = time.perf_counter() - t0
+        self.last_save = stats
+        return stats
+
+    def load(self, step=None):
+        """Returns (step, state), or (None, None) when no checkpoint exists. Raises CheckpointError
+        when checkpoints exist but none is valid (the message says why each was skipped)."""
+        t0 = time.perf_counter()
+        raw = self._c.load_raw(step)
+        if raw is None:
+            return None, None
+        by_name = {b["name"]: b for b in raw["buffers"]}
+        skeleton = pickle.loads(bytes(memoryview(by_name.pop(_SKELETON)["data"])))
+        tensors = [None] * len(by_name)
+        for name, b in by_name.items():
+            dtype = _dtype(b["dtype"])
+            if b["nbytes"] == 0:
+                t = torch.empty(b["shape"], dtype=dtype)
+            else:
+                t = torch.frombuffer(b["data"], dtype=dtype).view(b["shape"])
+            tensors[int(name)] = t
+        raw.pop("buffers")
+        raw["total_seconds"] = time.perf_counter() - t0
+        self.last_load = raw
+        return raw["step"], _unflatten(skeleton, tensors)
+
+    def persist(self):
+        """Writes the newest memory checkpoint to storage if storage lacks it (agent side)."""
+        return self._c.persist()
+
+    def newest_in_memory(self):
+        return self._c.newest_in_memory()
+
+    def storage_steps(self):
+        return self._c.storage_steps()
+
+    def remove_memory(self):
+        self._c.remove_memory()
+
+    def async_persister(self):
+        return _ckpt.AsyncPersister(self._c)
