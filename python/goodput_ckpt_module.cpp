@@ -16,9 +16,10 @@ struct LoadedBuffer {
   std::shared_ptr<Loaded> owner;
   uint8_t* data;
   uint64_t nbytes;
+  bool readonly;  // a view of the shared-memory mapping itself
 };
 
-py::dict loaded_to_dict(std::shared_ptr<Loaded> l) {
+py::dict loaded_to_dict(std::shared_ptr<Loaded> l, bool zero_copy) {
   py::dict out;
   out["step"] = l->manifest.step;
   out["tier"] = tier_name(l->tier);
@@ -32,7 +33,7 @@ py::dict loaded_to_dict(std::shared_ptr<Loaded> l) {
     d["dtype"] = b.dtype;
     d["shape"] = b.shape;
     d["nbytes"] = b.nbytes;
-    d["data"] = LoadedBuffer{l, const_cast<uint8_t*>(l->data()) + b.offset, b.nbytes};
+    d["data"] = LoadedBuffer{l, const_cast<uint8_t*>(l->data()) + b.offset, b.nbytes, zero_copy && l->tier == Tier::Memory};
     buffers.append(d);
   }
   out["buffers"] = buffers;
@@ -48,7 +49,7 @@ PYBIND11_MODULE(_ckpt, m) {
   py::class_<LoadedBuffer>(m, "LoadedBuffer", py::buffer_protocol())
       .def_buffer([](LoadedBuffer& b) {
         return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(b.nbytes)}, {1});
+                               {static_cast<py::ssize_t>(b.nbytes)}, {1}, b.owner->tier == Tier::Memory && b.readonly);
       })
       .def("__len__", [](const LoadedBuffer& b) { return b.nbytes; });
 
@@ -82,16 +83,16 @@ PYBIND11_MODULE(_ckpt, m) {
              return py::dict(py::arg("bytes") = s.bytes, py::arg("seconds") = s.seconds, py::arg("object") = s.object);
            })
       .def("load_raw",
-           [](FlashCheckpoint& c, std::optional<int64_t> step) -> py::object {
+           [](FlashCheckpoint& c, std::optional<int64_t> step, bool zero_copy) -> py::object {
              std::optional<Loaded> l;
              {
                py::gil_scoped_release release;
-               l = c.load(step, false);
+               l = c.load(step, zero_copy);
              }
              if (!l) return py::none();
-             return loaded_to_dict(std::make_shared<Loaded>(std::move(*l)));
+             return loaded_to_dict(std::make_shared<Loaded>(std::move(*l)), zero_copy);
            },
-           py::arg("step") = py::none())
+           py::arg("step") = py::none(), py::arg("zero_copy") = false)
       .def("persist",
            [](FlashCheckpoint& c) {
              PersistStats s;

@@ -15,6 +15,7 @@ memory checkpoint to storage; the node agent normally does that in the backgroun
 
 import pickle
 import time
+import warnings
 
 import torch
 
@@ -101,11 +102,15 @@ class FlashCheckpoint:
         self.last_save = stats
         return stats
 
-    def load(self, step=None):
+    def load(self, step=None, zero_copy=False):
         """Returns (step, state), or (None, None) when no checkpoint exists. Raises CheckpointError
-        when checkpoints exist but none is valid (the message says why each was skipped)."""
+        when checkpoints exist but none is valid (the message says why each was skipped).
+
+        zero_copy=True: tensors loaded from shared memory are read-only views of it, verified in
+        place, with no copy at all; pass them straight to load_state_dict (which copies into the
+        model) and drop them before the save after next, which reuses that memory."""
         t0 = time.perf_counter()
-        raw = self._c.load_raw(step)
+        raw = self._c.load_raw(step, zero_copy)
         if raw is None:
             return None, None
         by_name = {b["name"]: b for b in raw["buffers"]}
@@ -115,6 +120,10 @@ class FlashCheckpoint:
             dtype = _dtype(b["dtype"])
             if b["nbytes"] == 0:
                 t = torch.empty(b["shape"], dtype=dtype)
+            elif memoryview(b["data"]).readonly:
+                with warnings.catch_warnings():  # read-only on purpose: see zero_copy above
+                    warnings.simplefilter("ignore", UserWarning)
+                    t = torch.frombuffer(b["data"], dtype=dtype).view(b["shape"])
             else:
                 t = torch.frombuffer(b["data"], dtype=dtype).view(b["shape"])
             tensors[int(name)] = t

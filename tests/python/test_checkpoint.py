@@ -87,6 +87,17 @@ class FlashCheckpointTest(unittest.TestCase):
         opt2.load_state_dict(from_disk["optim"])
         self.assertEqual(train(model, opt, 3, seed=7), train(model2, opt2, 3, seed=7))
 
+    def test_zero_copy_load_views_shared_memory(self):
+        model, opt = make_training()
+        train(model, opt, 2)
+        self.ckpt.save(2, {"model": model.state_dict()})
+        step, state = self.ckpt.load(zero_copy=True)
+        self.assertEqual(step, 2)
+        self.assertEqual(self.ckpt.last_load["tier"], "memory")
+        fresh, _ = make_training(seed=3)
+        fresh.load_state_dict(state["model"])  # the one copy: shared memory -> parameters
+        self.assertTrue(same(model.state_dict(), fresh.state_dict()))
+
     def test_odd_tensors(self):
         state = {"bf16": torch.randn(5, 3).to(torch.bfloat16), "noncontig": torch.arange(20.0).view(4, 5).t(),
                  "scalar": torch.tensor(3.5), "empty": torch.empty(0, 7), "int": torch.arange(10, dtype=torch.int64),
