@@ -12,7 +12,8 @@
 #include "agent/checkpoint/flash_checkpoint.h"
 #include "engine/event_json.h"
 #include "engine/event_store.h"
-#include "engine/report.h"
+#include "report/html.h"
+#include "report/report.h"
 #include "sim/montecarlo.h"
 #include "sim/paper.h"
 #include "sim/simulator.h"
@@ -49,8 +50,16 @@ void check_format(const std::string& f) {
   if (f != "text" && f != "json") throw BadInput("--format must be text or json");
 }
 
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) throw BadInput(path + ": cannot write");
+  std::cerr << "wrote " << path << "\n";
+}
+
 int cmd_replay(const std::string& trace_path, const std::string& policy_path, uint64_t seed, bool resample,
-               const std::string& events_path, const std::string& format, bool digest) {
+               const std::string& events_path, const std::string& format, bool digest, const std::string& html) {
   check_format(format);
   const Trace trace = load_trace(trace_path);
   PolicySet policy = policy_from(policy_path);
@@ -67,9 +76,13 @@ int cmd_replay(const std::string& trace_path, const std::string& policy_path, ui
     sinks.push_back(store.get());
   }
   if (digest) sinks.push_back(&dig);
+  TimelineSink timeline;
+  if (!html.empty()) sinks.push_back(&timeline);
   Simulator sim(trace, policy, SimOptions{seed, resample}, sinks);
   const Report r = make_report(sim.run());
   if (store) store->flush();
+  if (!html.empty())
+    write_file(html, report_html(r, timeline.finish(), "Goodput replay of " + (trace.name.empty() ? trace_path : trace.name)));
   if (format == "json") {
     auto j = report_json(r);
     if (digest) j["digest"] = dig.hex();
@@ -83,17 +96,19 @@ int cmd_replay(const std::string& trace_path, const std::string& policy_path, ui
   return 0;
 }
 
-int cmd_report(const std::string& db, const std::string& format, bool digest) {
+int cmd_report(const std::string& db, const std::string& format, bool digest, const std::string& html) {
   check_format(format);
   SqliteStore store(db, SqliteStore::Mode::OpenReadOnly);
-  JobState state;
+  TimelineSink folded;
+  const JobState& state = folded.state;
   DigestSink dig;
   store.for_each([&](const Event& e) {
-    state.apply(e);
+    folded.append(e);
     if (digest) dig.append(e);
   });
   if (!state.started()) throw BadInput(db + ": the log has no job_started event");
   const Report r = make_report(state);
+  if (!html.empty()) write_file(html, report_html(r, folded.finish(), "Goodput report of " + db));
   if (format == "json") {
     auto j = report_json(r);
     if (digest) j["digest"] = dig.hex();
@@ -112,7 +127,7 @@ struct MonteCarloArgs {
 };
 
 int cmd_compare(const std::string& trace_path, const std::vector<std::string>& policies, const MonteCarloArgs& mc,
-                const std::string& format) {
+                const std::string& format, const std::string& html) {
   check_format(format);
   if (policies.size() < 2) throw BadInput("compare needs at least two --policy files");
   const Trace trace = load_trace(trace_path);
@@ -125,6 +140,10 @@ int cmd_compare(const std::string& trace_path, const std::vector<std::string>& p
     sets[i].name = label;
     rows.push_back(summarize(label, run_monte_carlo(trace, sets[i], o)));
   }
+  if (!html.empty())
+    write_file(html, summaries_html(rows, "Policies compared on " + (trace.name.empty() ? trace_path : trace.name) + " (" +
+                                              std::to_string(mc.runs) + " runs each)",
+                                    "policy", std::nullopt));
   if (format == "json") {
     nlohmann::ordered_json j;
     j["trace"] = trace_path;
@@ -157,7 +176,7 @@ std::pair<std::string, std::vector<std::string>> parse_set(const std::string& s)
 }
 
 int cmd_sweep(const std::string& trace_path, const std::string& policy_path, const std::vector<std::string>& sets,
-              const MonteCarloArgs& mc, const std::string& format) {
+              const MonteCarloArgs& mc, const std::string& format, const std::string& html) {
   check_format(format);
   if (sets.empty()) throw BadInput("sweep needs at least one --set PATH=V1,V2,...");
   const Trace trace = load_trace(trace_path);
@@ -200,6 +219,32 @@ int cmd_sweep(const std::string& trace_path, const std::string& policy_path, con
     if (rows[i].goodput_mean > rows[best].goodput_mean) best = i;
   const Duration yd_storage = young_daly_interval(trace, Tier::Storage);
   const Duration yd_memory = young_daly_interval(trace, Tier::Memory);
+  if (!html.empty()) {
+    // One duration-valued setting: plot goodput against it, with Young/Daly marked for intervals.
+    std::optional<SummaryPlot> plot;
+    if (sets.size() == 1) {
+      auto [path, values] = parse_set(sets[0]);
+      SummaryPlot p;
+      p.x_label = path + " (seconds)";
+      for (const auto& v : values)
+        if (auto d = parse_duration(v)) p.x.push_back(to_seconds(*d));
+      if (p.x.size() == values.size()) {
+        if (path.find("interval") != std::string::npos) {
+          const bool memory = policies.front().config.value("checkpoint", nlohmann::json::object()).value("tier", "") == "memory" ||
+                              policies.front().config.value("checkpoint", nlohmann::json::object()).value("policy", "flash") == "flash";
+          const Duration yd = memory ? yd_memory : yd_storage;
+          if (yd > 0) {
+            p.marker_x = to_seconds(yd);
+            p.marker_label = std::string("Young/Daly ") + (memory ? "(memory) " : "(storage) ") + format_duration(yd);
+          }
+        }
+        plot = p;
+      }
+    }
+    write_file(html, summaries_html(rows, "Sweep on " + (trace.name.empty() ? trace_path : trace.name) + " (" +
+                                              std::to_string(mc.runs) + " runs per point)",
+                                    "setting", plot));
+  }
   if (format == "json") {
     nlohmann::ordered_json j;
     j["trace"] = trace_path;
@@ -253,13 +298,16 @@ int main(int argc, char** argv) {
   replay->add_option("--events", events_path, "Write the event log to this new SQLite file");
   replay->add_option("--format", format, "text or json")->capture_default_str();
   replay->add_flag("--digest", digest, "Print the XXH3 digest of the event log");
-  replay->callback([&] { rc = cmd_replay(trace_path, policy_path, seed, resample, events_path, format, digest); });
+  std::string html;
+  replay->add_option("--html", html, "Also write a self-contained HTML report with the timeline");
+  replay->callback([&] { rc = cmd_replay(trace_path, policy_path, seed, resample, events_path, format, digest, html); });
 
   auto* report = app.add_subcommand("report", "Recompute the goodput report from a stored event log");
   report->add_option("events", db, "Event log (SQLite) written by replay or the live master")->required();
   report->add_option("--format", format, "text or json")->capture_default_str();
   report->add_flag("--digest", digest, "Print the XXH3 digest of the event log");
-  report->callback([&] { rc = cmd_report(db, format, digest); });
+  report->add_option("--html", html, "Also write a self-contained HTML report with the timeline");
+  report->callback([&] { rc = cmd_report(db, format, digest, html); });
 
   MonteCarloArgs mc;
   std::vector<std::string> policies, sets;
@@ -270,19 +318,20 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Range(0, 1024));
     c->add_option("--format", format, "text or json")->capture_default_str();
+    c->add_option("--html", html, "Also write a self-contained HTML page");
   };
   auto* compare = app.add_subcommand("compare", "Compare policies on one trace, side by side");
   compare->add_option("trace", trace_path, "Trace file")->required();
   compare->add_option("--policy", policies, "Policy JSON (give two or more)")->required();
   add_mc(compare);
-  compare->callback([&] { rc = cmd_compare(trace_path, policies, mc, format); });
+  compare->callback([&] { rc = cmd_compare(trace_path, policies, mc, format, html); });
 
   auto* sweep = app.add_subcommand("sweep", "Monte Carlo sweep of policy settings (mean, p5, p95 goodput)");
   sweep->add_option("trace", trace_path, "Trace file with failure_rates")->required();
   sweep->add_option("--policy", policy_path, "Base policy JSON (default: the default policy)");
   sweep->add_option("--set", sets, "PATH=V1,V2,... e.g. checkpoint.interval=10m,20m,40m (repeatable)")->required();
   add_mc(sweep);
-  sweep->callback([&] { rc = cmd_sweep(trace_path, policy_path, sets, mc, format); });
+  sweep->callback([&] { rc = cmd_sweep(trace_path, policy_path, sets, mc, format, html); });
 
   auto* trace = app.add_subcommand("trace", "Validate or generate traces");
   trace->require_subcommand(1);

@@ -5,7 +5,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/report.h"
+#include "report/report.h"
 #include "sim/simulator.h"
 
 namespace goodput {

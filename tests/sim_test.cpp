@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "engine/event_json.h"
-#include "engine/report.h"
+#include "report/report.h"
 #include "sim/montecarlo.h"
 #include "sim/simulator.h"
 #include "test_util.h"

@@ -5,7 +5,7 @@
 
 #include "engine/event_json.h"
 #include "engine/event_store.h"
-#include "engine/report.h"
+#include "report/report.h"
 #include "sim/simulator.h"
 #include "test_util.h"
 

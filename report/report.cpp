@@ -1,4 +1,4 @@
-#include "engine/report.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cmath>
