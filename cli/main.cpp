@@ -97,7 +97,7 @@ int cmd_replay(const std::string& trace_path, const std::string& policy_path, ui
 }
 
 int cmd_report(const std::string& db, const std::string& format, bool digest, const std::string& html) {
-  check_format(format);
+  if (format != "events") check_format(format);
   SqliteStore store(db, SqliteStore::Mode::OpenReadOnly);
   TimelineSink folded;
   const JobState& state = folded.state;
@@ -109,7 +109,9 @@ int cmd_report(const std::string& db, const std::string& format, bool digest, co
   if (!state.started()) throw BadInput(db + ": the log has no job_started event");
   const Report r = make_report(state);
   if (!html.empty()) write_file(html, report_html(r, folded.finish(), "Goodput report of " + db));
-  if (format == "json") {
+  if (format == "events") {
+    store.for_each([](const Event& e) { std::cout << event_to_line(e) << "\n"; });
+  } else if (format == "json") {
     auto j = report_json(r);
     if (digest) j["digest"] = dig.hex();
     std::cout << j.dump(2) << "\n";
@@ -304,7 +306,8 @@ int main(int argc, char** argv) {
 
   auto* report = app.add_subcommand("report", "Recompute the goodput report from a stored event log");
   report->add_option("events", db, "Event log (SQLite) written by replay or the live master")->required();
-  report->add_option("--format", format, "text or json")->capture_default_str();
+  report->add_option("--format", format, "text, json, or events (the log itself, one canonical JSON line per event)")
+      ->capture_default_str();
   report->add_flag("--digest", digest, "Print the XXH3 digest of the event log");
   report->add_option("--html", html, "Also write a self-contained HTML report with the timeline");
   report->callback([&] { rc = cmd_report(db, format, digest, html); });

@@ -2,6 +2,7 @@
 // erase, lowest member first. Iteration order is by index, so it never depends on history.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <vector>
@@ -16,6 +17,7 @@ class IndexSet {
     const uint64_t bit = uint64_t{1} << (i & 63);
     size_ += (w & bit) == 0;
     w |= bit;
+    first_word_ = std::min(first_word_, static_cast<size_t>(i) >> 6);
   }
   void erase(int32_t i) {
     uint64_t& w = words_[static_cast<size_t>(i) >> 6];
@@ -28,11 +30,25 @@ class IndexSet {
   // The lowest member at or above `from`, or -1.
   int32_t next(int32_t from = 0) const {
     size_t wi = static_cast<size_t>(from) >> 6;
+    uint64_t mask = ~uint64_t{0} << (from & 63);
+    // Scanning from a word boundary at or below first_word_ sees every member: only then may the
+    // scan move the bound.
+    const bool from_start = wi < first_word_ || (wi == first_word_ && (from & 63) == 0);
+    if (wi < first_word_) {
+      wi = first_word_;  // every word below it is empty
+      mask = ~uint64_t{0};
+    }
     if (wi >= words_.size()) return -1;
-    uint64_t w = words_[wi] & (~uint64_t{0} << (from & 63));
+    uint64_t w = words_[wi] & mask;
     while (true) {
-      if (w) return static_cast<int32_t>(wi * 64 + static_cast<size_t>(std::countr_zero(w)));
-      if (++wi >= words_.size()) return -1;
+      if (w) {
+        if (from_start) first_word_ = wi;
+        return static_cast<int32_t>(wi * 64 + static_cast<size_t>(std::countr_zero(w)));
+      }
+      if (++wi >= words_.size()) {
+        if (from_start) first_word_ = words_.size();
+        return -1;
+      }
       w = words_[wi];
     }
   }
@@ -40,6 +56,7 @@ class IndexSet {
  private:
   std::vector<uint64_t> words_;
   int32_t size_ = 0;
+  mutable size_t first_word_ = 0;  // no member lies below this word
 };
 
 }  // namespace goodput

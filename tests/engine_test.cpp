@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
 #include "engine/event_json.h"
 #include "engine/event_queue.h"
@@ -163,4 +164,27 @@ TEST_CASE("engine and policies do not touch the OS directly") {
     }
   }
   CHECK(checked >= 10);
+}
+
+#include "sim/index_set.h"
+
+TEST_CASE("the index set finds the lowest member after inserts and erases in any order") {
+  goodput::IndexSet s(300);
+  std::set<int32_t> ref;
+  goodput::Rng rng(3);
+  for (int i = 0; i < 5000; ++i) {
+    const auto v = static_cast<int32_t>(rng.below(300));
+    if (rng.below(2)) {
+      s.insert(v);
+      ref.insert(v);
+    } else {
+      s.erase(v);
+      ref.erase(v);
+    }
+    const auto from = static_cast<int32_t>(rng.below(320));
+    auto it = ref.lower_bound(from);
+    CHECK(s.next(from) == (it == ref.end() ? -1 : *it));
+    CHECK(s.next() == (ref.empty() ? -1 : *ref.begin()));
+    CHECK(s.size() == static_cast<int32_t>(ref.size()));
+  }
 }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Fuzzes the parsers with libFuzzer (Debian clang) under ASan+UBSan: traces, policy JSON, event-log
+# lines and checkpoint files. Seeds come from the shipped traces and policies, a replay's event log
+# and a real checkpoint. First replays every saved regression input, then fuzzes each target for
+# $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
+# fuzz/regressions/<target>/ with the fix so it is replayed from then on.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGOODPUT_FUZZ=ON >/dev/null
+cmake --build build-fuzz
+corpus=build-fuzz/corpus
+mkdir -p "$corpus"/{trace,policy,event,checkpoint}
+cp traces/*.jsonl "$corpus/trace/"
+cp examples/policies/*.json "$corpus/policy/"
+# Event lines and a checkpoint file, made by the regular build (scripts/build.sh build).
+if [ -x build/goodput ]; then
+  rm -f "$corpus/events.db"
+  build/goodput replay traces/small-2048gpu-7d.jsonl --events "$corpus/events.db" >/dev/null
+  build/goodput report "$corpus/events.db" --format events | sort -u -t'"' -k8,8 | head -40 |
+    split -l 1 - "$corpus/event/line-"
+fi
+if [ -f build/python/goodput/checkpoint.py ]; then
+  PYTHONPATH=build/python /usr/bin/python3 - "$corpus/checkpoint" <<'PY'
+import sys, tempfile, glob, shutil, torch
+from goodput.checkpoint import FlashCheckpoint
+d = tempfile.mkdtemp()
+c = FlashCheckpoint("fuzzseed", storage_dir=d, shm_prefix="/goodput-fuzzseed")
+c.save(3, {"w": torch.arange(64, dtype=torch.float32), "step": 3, "name": "seed"})
+c.persist(); c.remove_memory()
+for f in glob.glob(d + "/*/*.ckpt"): shutil.copy(f, sys.argv[1] + "/seed.ckpt")
+PY
+fi
+status=0
+for t in trace policy event checkpoint; do
+  mkdir -p "build-fuzz/crashes/$t"
+  if compgen -G "fuzz/regressions/$t/*" >/dev/null; then
+    echo "fuzz_$t: replaying fuzz/regressions/$t"
+    build-fuzz/fuzz_$t fuzz/regressions/$t/* || status=1
+  fi
+  echo "fuzz_$t: ${seconds}s"
+  build-fuzz/fuzz_$t -max_total_time="$seconds" -max_len=65536 -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="build-fuzz/crashes/$t/" "$corpus/$t" 2>&1 |
+    grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY|INFO: Seed)|Done [0-9]+ runs" || true
+  if compgen -G "build-fuzz/crashes/$t/*" >/dev/null; then
+    echo "fuzz_$t: FOUND CRASHES in build-fuzz/crashes/$t/"
+    status=1
+  fi
+done
+exit $status
