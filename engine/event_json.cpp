@@ -175,7 +175,7 @@ Event event_from_line(std::string_view line) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& ex) {
+  } catch (const nlohmann::json::exception& ex) {
     throw EventDecodeError(std::string("not valid JSON: ") + ex.what());
   }
   if (!j.is_object()) throw EventDecodeError("an event must be a JSON object");

@@ -319,7 +319,7 @@ PolicySet load_policy_file(const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     throw PolicyError(path + ": not valid JSON: " + e.what());
   }
   try {
@@ -355,7 +355,7 @@ void set_config_path(nlohmann::json& config, const std::string& path, const std:
   try {
     v = nlohmann::json::parse(value);
     if (!v.is_number() && !v.is_boolean()) v = value;
-  } catch (const nlohmann::json::parse_error&) {
+  } catch (const nlohmann::json::exception&) {
     v = value;
   }
   (*node)[parts.back()] = v;

@@ -14,7 +14,7 @@ Trace trace_from_paper(const PaperTraceOptions& o) {
   nlohmann::json p;
   try {
     p = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     throw TraceError(o.paper_path + ": not valid JSON: " + e.what());
   }
   auto fail = [&](const std::string& field, const std::string& what) {

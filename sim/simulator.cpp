@@ -238,6 +238,7 @@ void Simulator::catch_up(Time t) {
 // ---- the cluster ---------------------------------------------------------------------------------
 
 void Simulator::try_fill() {
+  std::vector<Item> placed;
   for (int32_t s = waiting_.next(); s >= 0; s = waiting_.next(s + 1)) {
     Slot& slot = slots_[s];
     if (free_.empty()) {
@@ -256,7 +257,16 @@ void Simulator::try_fill() {
     ++mach.gen;
     slot.waiting = false;
     slot.reported = false;
-    queue_.push(clock_.now() + trace_.job.node_scheduling, Item{ItemKind::Joined, s, m, mach.gen});
+    placed.push_back(Item{ItemKind::Joined, s, m, mach.gen});
+  }
+  // Nodes placed together come up together: one queue entry for all of them (a job's start places
+  // thousands at once).
+  if (placed.size() == 1) {
+    queue_.push(clock_.now() + trace_.job.node_scheduling, placed.front());
+  } else if (!placed.empty()) {
+    join_batches_.push_back(std::move(placed));
+    queue_.push(clock_.now() + trace_.job.node_scheduling,
+                Item{ItemKind::JoinedBatch, static_cast<int32_t>(join_batches_.size() - 1)});
   }
 }
 
@@ -388,6 +398,14 @@ void Simulator::handle(const Item& item) {
       mach.state = MachineState::InJob;
       slots_[item.a].machine = item.b;
       master_.observe(NodeJoined{item.b, item.a, trace_.machine_name(item.b)});
+      return;
+    }
+    case ItemKind::JoinedBatch: {
+      const std::vector<Item> batch = std::move(join_batches_[static_cast<size_t>(item.a)]);
+      for (const Item& j : batch) {
+        if (finished_) return;
+        handle(j);
+      }
       return;
     }
     case ItemKind::Repaired: {

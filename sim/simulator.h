@@ -33,7 +33,7 @@ class Simulator final : public Backend {
 
  private:
   enum class ItemKind : uint8_t {
-    Detect, Joined, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
+    Detect, Joined, JoinedBatch, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
     NoSpare
   };
   struct Item {
@@ -85,6 +85,7 @@ class Simulator final : public Backend {
   EventQueue<Item> queue_;
   std::vector<TraceEvent> events_;
   std::vector<FailureObserved> detections_;
+  std::vector<std::vector<Item>> join_batches_;
   std::vector<Machine> machines_;
   std::vector<Slot> slots_;
   IndexSet free_;         // machines free to be placed, lowest first

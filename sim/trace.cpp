@@ -123,7 +123,7 @@ Trace parse_trace(const std::string& text, const std::string& file) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       throw fail(std::string("not valid JSON (truncated line?): ") + e.what());
     }
     try {
@@ -161,9 +161,11 @@ Trace parse_trace(const std::string& text, const std::string& file) {
       if (!r.has("t")) r.fail("t", "is missing");
       const double secs = r.number("t", 0, -1e300, 1e300);
       if (secs < 0) r.fail("t", "is negative");
+      // Microsecond resolution: a double holds that exactly for any plausible job, so a trace
+      // written and read again is the same trace.
       auto ns = seconds_to_ns(secs);
       if (!ns) r.fail("t", "is out of range");
-      e.t = *ns;
+      e.t = (*ns + kMicrosecond / 2) / kMicrosecond * kMicrosecond;
       if (e.t < last_t) r.fail("t", "goes back in time (" + std::to_string(secs) + "s after " + format_seconds(last_t) + "s): events must be sorted");
       if (t.job.duration > 0 && e.t > t.job.duration) r.fail("t", "is past the job's duration");
       last_t = e.t;
@@ -279,7 +281,7 @@ std::vector<TraceEvent> generate_failures(const Trace& t, uint64_t seed) {
       at_h += rng.exponential(1.0 / per_hour);
       if (at_h >= horizon_h) break;
       TraceEvent e;
-      e.t = static_cast<Time>(at_h * static_cast<double>(kHour));
+      e.t = static_cast<Time>(at_h * 3600e6) * kMicrosecond;  // the format's resolution
       e.type = r.type;
       e.rank = static_cast<int32_t>(rng.below(static_cast<uint64_t>(t.cluster.nodes)));
       e.reason = r.reason;

@@ -61,6 +61,7 @@ TEST_CASE("decoding rejects missing and mistyped fields by name") {
   CHECK_THROWS_WITH_AS(event_from_line(R"({"seq":1,"t":0,"type":"checkpoint_loaded","data":{"step":1,"tier":"tape","load_time_ns":0}})"),
                        doctest::Contains("field 'tier' has an unknown value"), EventDecodeError);
   CHECK_THROWS_AS(event_from_line(R"({"seq":1,"t":0,"type":"node_joined","data":{"node":1,)"), EventDecodeError);
+  CHECK_THROWS_AS(event_from_line(R"({"data":23e1151})"), EventDecodeError);  // found by fuzzing
   CHECK_THROWS_WITH_AS(event_from_line(R"({"seq":1,"t":0,"type":"no_spare_node","data":{"slot":4294967296}})"),
                        doctest::Contains("out of range"), EventDecodeError);
 }

@@ -46,6 +46,8 @@ TEST_CASE("bad trace lines are rejected with file, line and field") {
     CHECK(std::string(e.what()).find("h.jsonl:1: header: field 'cluster.nodes'") == 0);
   }
   CHECK_THROWS_WITH_AS(parse_trace("", "empty.jsonl"), doctest::Contains("empty trace"), TraceError);
+  // Found by fuzzing: a number too large for a double is bad input, not an internal error.
+  CHECK(error_of(R"({"t": 1e999, "type": "hang", "node": "n1"})").find("bad.jsonl:2: not valid JSON") == 0);
   CHECK_THROWS_WITH_AS(parse_trace(R"({"format":"goodput-trace","version":2})", "v2.jsonl"), doctest::Contains("version"), TraceError);
 }
 
