@@ -105,7 +105,6 @@ class Simulator final : public Backend {
   int32_t slowdown_ = 1000;
   uint64_t train_gen_ = 0;
   uint64_t restart_gen_ = 0;
-  uint64_t persist_gen_ = 0;
   bool persisting_ = false;
   int64_t persisting_step_ = 0;
   Time persist_done_at_ = 0;

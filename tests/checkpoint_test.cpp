@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "agent/checkpoint/flash_checkpoint.h"
 #include "test_util.h"
@@ -391,4 +392,35 @@ TEST_CASE("goodput ckpt lists, verifies and removes checkpoints, and names what 
   CHECK(run_command(goodput_cmd("ckpt rm --shm " + r0.options().shm_prefix)).exit_code == 0);
   CHECK_FALSE(r0.newest_in_memory().has_value());
   CHECK(run_command(goodput_cmd("ckpt ls")).exit_code == 2);
+}
+
+TEST_CASE("persisting while the trainer keeps saving never fails and never writes a torn checkpoint") {
+  TempDir dir("ckpt-race");
+  Options o = opts("race", dir);
+  o.keep = 1000;
+  FlashCheckpoint trainer(o), agent(o);
+  Cleanup clean{{&trainer}};
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    for (int64_t step = 1; step <= 400; ++step) trainer.save(step, State(step, 1 << 18).views());
+    done = true;
+  });
+  int persisted = 0;
+  std::vector<std::string> errors;
+  while (!done) {
+    try {
+      persisted += agent.persist().written;
+    } catch (const CheckpointError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  t.join();
+  CHECK(errors.empty());
+  if (!errors.empty()) MESSAGE(errors.front());
+  CHECK(persisted > 0);
+  for (const auto& f : list_storage(*posix_storage(), o.storage_dir, /*verify=*/true)) {
+    CAPTURE(f.name);
+    CAPTURE(f.error);
+    CHECK(f.valid);
+  }
 }

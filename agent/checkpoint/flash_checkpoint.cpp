@@ -37,6 +37,11 @@ static_assert(sizeof(Header) == kHeaderBytes);
 
 uint64_t align64(uint64_t v) { return (v + 63) & ~uint64_t{63}; }
 
+// A save started on the object while it was being read: not damage, just too late. Try the newest again.
+struct Overwritten : CheckpointError {
+  Overwritten() : CheckpointError("overwritten while reading") {}
+};
+
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -307,8 +312,13 @@ Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse = nullptr
     if (load_state(h) != 1) throw CheckpointError("not committed (a save was interrupted)");
     snap = *h;
     out.manifest = check_image(m->base, m->size, snap);
-    verify_in_place(out.manifest, m->base + kHeaderBytes);
-    if (load_state(h) != 1 || h->generation != snap.generation) throw CheckpointError("overwritten while reading");
+    try {
+      verify_in_place(out.manifest, m->base + kHeaderBytes);
+    } catch (const CheckpointError&) {
+      if (load_state(h) != 1 || h->generation != snap.generation) throw Overwritten();
+      throw;
+    }
+    if (load_state(h) != 1 || h->generation != snap.generation) throw Overwritten();
     out.keepalive_ = m;
     out.data_ = m->base + kHeaderBytes;
   } else {
@@ -322,7 +332,7 @@ Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse = nullptr
     struct stat st {};
     ::fstat(fd, &st);
     if (!read_header(fd, snap)) throw CheckpointError("truncated: no header");
-    if (snap.state != 1) throw CheckpointError("not committed (a save was interrupted)");
+    if (snap.state != 1) throw Overwritten();  // it was committed when the caller looked
     check_header(snap, static_cast<uint64_t>(st.st_size));
     std::vector<uint8_t> manifest(snap.manifest_bytes);
     if (::pread(fd, manifest.data(), manifest.size(), static_cast<off_t>(snap.manifest_offset)) !=
@@ -334,15 +344,16 @@ Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse = nullptr
     if (!buf.data || buf.size < snap.data_bytes) buf = Region{huge_alloc(snap.data_bytes), snap.data_bytes};
     uint8_t* dst = buf.data.get();
     const Manifest& man = out.manifest;
-    check_sums(man, for_chunks(buffer_sizes(man), [&](uint32_t b, uint64_t off, uint64_t n) {
-                 uint8_t* p = dst + man.buffers[b].offset + off;
-                 pread_all(fd, p, n, kHeaderBytes + man.buffers[b].offset + off);
-                 return XXH3_64bits(p, n);
-               }));
-    // A save that started meanwhile resets the state first: then what we read may be torn.
+    const auto sums = for_chunks(buffer_sizes(man), [&](uint32_t b, uint64_t off, uint64_t n) {
+      uint8_t* p = dst + man.buffers[b].offset + off;
+      pread_all(fd, p, n, kHeaderBytes + man.buffers[b].offset + off);
+      return XXH3_64bits(p, n);
+    });
+    // A save that started meanwhile resets the state first: then what we read may be torn, and a
+    // checksum mismatch means nothing.
     Header after{};
-    if (!read_header(fd, after) || after.state != 1 || after.generation != snap.generation)
-      throw CheckpointError("overwritten while reading");
+    if (!read_header(fd, after) || after.state != 1 || after.generation != snap.generation) throw Overwritten();
+    check_sums(man, sums);
     out.keepalive_ = buf.data;
     out.data_ = dst;
   }
@@ -660,17 +671,34 @@ PersistStats FlashCheckpoint::persist() {
   PersistStats out;
   if (options_.storage_dir.empty()) throw CheckpointError("no storage directory configured");
   auto t0 = std::chrono::steady_clock::now();
-  const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
-  if (!a.committed && !b.committed) return out;
-  const std::string name = (a.committed && (!b.committed || a.generation > b.generation)) ? shm_name(0) : shm_name(1);
-  const int64_t step = name == shm_name(0) ? a.step : b.step;
-  out.step = step;
-  const auto have = storage_steps();
-  if (std::find(have.begin(), have.end(), step) != have.end()) return out;
-
-  // Copy out at memory speed, check it was not overwritten meanwhile, then write at disk speed.
   if (!persist_buffer_) persist_buffer_ = std::make_shared<Region>();
-  Loaded l = read_shm(name, /*zero_copy=*/false, static_cast<Region*>(persist_buffer_.get()));
+  // Copy the newest committed checkpoint out at memory speed, then write it at disk speed. The
+  // trainer may start a save on that object meanwhile (two saves while we copy): then take the
+  // newest again. It never waits for us.
+  std::optional<Loaded> copied;
+  int64_t step = -1;
+  for (int attempt = 0; attempt < 8 && !copied; ++attempt) {
+    const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
+    if (!a.committed && !b.committed) return out;
+    const bool newest_a = a.committed && (!b.committed || a.generation > b.generation);
+    step = newest_a ? a.step : b.step;
+    out.step = step;
+    const auto have = storage_steps();
+    if (std::find(have.begin(), have.end(), step) != have.end()) return out;
+    try {
+      copied = read_shm(shm_name(newest_a ? 0 : 1), /*zero_copy=*/false, static_cast<Region*>(persist_buffer_.get()));
+    } catch (const Overwritten&) {
+    }
+  }
+  if (!copied) throw CheckpointError("the trainer saved faster than a copy could be taken; will try again");
+  Loaded& l = *copied;
+  // What was copied may be newer than what was peeked: the copy's own manifest is the truth.
+  step = l.manifest.step;
+  out.step = step;
+  {
+    const auto have = storage_steps();
+    if (std::find(have.begin(), have.end(), step) != have.end()) return out;
+  }
   const std::string manifest = manifest_json(l.manifest).dump();
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
