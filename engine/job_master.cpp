@@ -12,19 +12,19 @@ void JobMaster::resume_from(const EventStore& store) {
   store.for_each([&](const Event& e) { state_.apply(e); });
 }
 
-const Event& JobMaster::record(EventPayload payload) {
-  last_.seq = state_.last_seq() + 1;
-  last_.time = std::max(clock_.now(), state_.now());  // a log's time never goes backwards
-  last_.payload = std::move(payload);
-  state_.apply(last_);
-  for (EventSink* s : sinks_) s->append(last_);
-  return last_;
+Event JobMaster::record(EventPayload payload) {
+  // A log's time never goes backwards.
+  Event e{state_.last_seq() + 1, std::max(clock_.now(), state_.now()), std::move(payload)};
+  state_.apply(e);
+  for (EventSink* s : sinks_) s->append(e);
+  return e;
 }
 
 void JobMaster::observe(EventPayload observation) {
   if (state_.finished()) throw std::logic_error("observation after the job finished");
-  record(std::move(observation));
-  const EventPayload& obs = last_.payload;
+  // Every policy sees this observation, whatever was decided before it was asked.
+  const Event observed = record(std::move(observation));
+  const EventPayload& obs = observed.payload;
   decisions_.clear();
   auto decide = [&](EventPayload d) { decisions_.push_back(record(std::move(d))); };
 

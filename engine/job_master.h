@@ -40,7 +40,7 @@ class JobMaster {
   const PolicySet& policies() const { return policies_; }
 
  private:
-  const Event& record(EventPayload payload);
+  Event record(EventPayload payload);
 
   PolicySet policies_;
   const Clock& clock_;
@@ -48,7 +48,6 @@ class JobMaster {
   std::vector<EventSink*> sinks_;
   Options options_;
   JobState state_;
-  Event last_;
   std::vector<Event> decisions_;
 };
 

@@ -266,3 +266,24 @@ TEST_CASE("periodic saves between disruptions are reported together, not one eve
   CHECK(s.checkpoints_persisted() == 3591);  // the last one, 2 s after 359918.2 s, is in time
   CHECK(log.events().size() < 30);
 }
+
+TEST_CASE("every policy sees the observation itself: Young/Daly re-plans after failures in a run") {
+  // A regression: the checkpoint policy used to be shown the recovery decision instead of the
+  // failure it answered, so it never re-planned.
+  Trace t = small_trace(40 * kHour, 1);
+  for (int i = 1; i <= 6; ++i) t.events.push_back(failure(i * 30 * kMinute, TraceEventType::ProcessCrash, "n1", t));
+  MemoryStore log;
+  Simulator sim(t, policy(R"({"checkpoint":{"policy":"young-daly","tier":"storage","mtbf_prior":"24h"},
+                              "recovery":{"max_restarts_per_node":100}})"), SimOptions{}, {&log});
+  sim.run();
+  std::vector<int64_t> plans;
+  bool after_failure = false;
+  for (size_t i = 1; i < log.events().size(); ++i)
+    if (const auto* p = std::get_if<CheckpointPlanSet>(&log.events()[i].payload)) {
+      plans.push_back(p->every_steps);
+      after_failure |= std::holds_alternative<RecoveryDecided>(log.events()[i - 1].payload);
+    }
+  REQUIRE(plans.size() >= 2);
+  CHECK(after_failure);
+  CHECK(plans.back() < plans.front());  // failures every 30 min shorten the interval
+}
