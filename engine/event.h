@@ -17,12 +17,13 @@ using NodeId = int32_t;  // index of a machine, stable for the whole job (names 
 // What the backend saw, before any diagnosis.
 enum class FailureKind : uint8_t { ProcessExit, NodeLost, Hang, Maintenance };
 // What the recovery policy concluded.
-enum class Diagnosis : uint8_t { SoftwareError, HardwareError, OutOfMemory, Preemption, Unknown };
+// Straggler: the node works but slows the whole synchronous job down.
+enum class Diagnosis : uint8_t { SoftwareError, HardwareError, OutOfMemory, Preemption, Unknown, Straggler };
 enum class RecoveryAction : uint8_t { RestartProcess, RelaunchNode, RelaunchWithMoreMemory, GiveUp };
 // Where a checkpoint lives. None: a fresh start, nothing to load.
 enum class Tier : uint8_t { None, Memory, Storage };
 
-constexpr int kDiagnosisCount = 5;
+constexpr int kDiagnosisCount = 6;
 constexpr int kRecoveryActionCount = 4;
 
 // ---- observations -------------------------------------------------------------------------------

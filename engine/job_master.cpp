@@ -29,6 +29,8 @@ void JobMaster::observe(EventPayload observation) {
   auto decide = [&](EventPayload d) { decisions_.push_back(record(std::move(d))); };
 
   if (const auto* f = std::get_if<FailureObserved>(&obs)) decide(policies_.recovery->on_failure(state_, *f));
+  if (const auto* s = std::get_if<SlowdownObserved>(&obs))
+    if (auto d = policies_.recovery->on_slowdown(state_, *s)) decide(std::move(*d));
   if (!state_.gave_up()) {
     if (auto s = policies_.scaling->decide(state_, obs)) decide(std::move(*s));
     if (auto p = policies_.checkpoint->plan(state_, obs)) decide(std::move(*p));

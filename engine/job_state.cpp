@@ -170,6 +170,7 @@ void JobState::apply(const Event& e) {
             if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory) {
               set_held(p.node, false);
               checkpoints_.on_memory_lost();
+              stage_ = Stage::None;  // a planned replacement (a straggler) stops training too
             } else if (p.action == RecoveryAction::GiveUp) {
               gave_up_ = true;
             }

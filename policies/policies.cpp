@@ -1,5 +1,6 @@
 // The shipped policies and their registry.
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -46,7 +47,10 @@ class DiagnoseRecovery final : public RecoveryPolicy {
     restore_memory_ = r.text("restore_from", "memory") == "memory";
     if (const auto* rules = r.child("diagnosis")) table_ = DiagnosisTable::from_json(*rules, r.where() + ".diagnosis");
     actions_ = {RecoveryAction::RestartProcess, RecoveryAction::RelaunchNode, RecoveryAction::RelaunchWithMoreMemory,
-                RecoveryAction::RelaunchNode, RecoveryAction::RestartProcess};
+                RecoveryAction::RelaunchNode, RecoveryAction::RestartProcess, RecoveryAction::RelaunchNode};
+    replace_stragglers_above_ = r.number("replace_stragglers_above", 0.0, 0.0, 1000.0);
+    if (replace_stragglers_above_ != 0.0 && replace_stragglers_above_ <= 1.0)
+      r.fail("replace_stragglers_above", "must be 0 (never) or a slowdown factor above 1");
     if (const auto* a = r.child("actions")) {
       ConfigReader ar(*a, r.where() + ".actions");
       for (int d = 0; d < kDiagnosisCount; ++d) {
@@ -85,7 +89,25 @@ class DiagnoseRecovery final : public RecoveryPolicy {
   }
   bool restore_from_memory() const override { return restore_memory_; }
 
+  // A node running `replace_stragglers_above` times slower than it should is replaced: the whole
+  // synchronous job runs at its pace, so a relaunch (and the recompute it costs) can pay for itself.
+  std::optional<RecoveryDecided> on_slowdown(const JobState& s, const SlowdownObserved& o) const override {
+    if (replace_stragglers_above_ <= 0 || o.slowdown_permille < replace_stragglers_above_ * 1000.0 || !s.holds(o.node))
+      return std::nullopt;
+    RecoveryDecided d;
+    d.node = o.node;
+    d.diagnosis = Diagnosis::Straggler;
+    d.action = actions_[static_cast<size_t>(Diagnosis::Straggler)];
+    d.attempt = s.failures_of(o.node);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "straggler: %.2fx slower (replace above %.2fx)", o.slowdown_permille / 1000.0,
+                  replace_stragglers_above_);
+    d.rule = buf;
+    return d;
+  }
+
  private:
+  double replace_stragglers_above_ = 0;
   DiagnosisTable table_;
   RecoveryLimits limits_;
   double memory_factor_ = 1.5;

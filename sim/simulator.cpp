@@ -471,6 +471,13 @@ void Simulator::execute(const Event& d) {
           if (p.action != RecoveryAction::RelaunchNode && p.action != RecoveryAction::RelaunchWithMoreMemory) return;
           const int32_t s = machines_[p.node].slot;
           if (s < 0 || slots_[s].machine != p.node) return;  // already out of the job
+          if (training_) {  // a planned replacement: the job stops now and restarts with the new node
+            stalled_since_ = clock_.now();
+            stalled_ = true;
+            stop_training();
+            ++restart_gen_;
+            persisting_ = false;
+          }
           // A node relaunched elsewhere leaves its machine behind for a health check and repair;
           // one relaunched for memory leaves a healthy machine that may serve again.
           if (p.action == RecoveryAction::RelaunchNode && machines_[p.node].state != MachineState::Down)
