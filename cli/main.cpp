@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 
 #include "cli/bench.h"
@@ -119,6 +120,75 @@ int cmd_report(const std::string& db, const std::string& format, bool digest, co
     std::cout << "Report of " << db << "\n" << report_text(r);
     if (digest) std::cout << "  digest               " << dig.hex() << "\n";
   }
+  return 0;
+}
+
+// The chain of observations and decisions about one node, and what the job did about them.
+int cmd_explain(const std::string& db, const std::string& node) {
+  SqliteStore store(db, SqliteStore::Mode::OpenReadOnly);
+  std::vector<Event> events;
+  std::map<std::string, NodeId> ids;
+  store.for_each([&](const Event& e) {
+    if (const auto* j = std::get_if<NodeJoined>(&e.payload)) ids[j->name] = j->node;
+    events.push_back(e);
+  });
+  NodeId id = -1;
+  if (auto it = ids.find(node); it != ids.end()) id = it->second;
+  else if (!node.empty() && node.find_first_not_of("0123456789") == std::string::npos) id = std::stoi(node);
+  if (id < 0) {
+    std::string known;
+    for (const auto& [name, _] : ids) known += (known.empty() ? "" : ", ") + name;
+    if (known.size() > 200) known = known.substr(0, 200) + "...";
+    throw BadInput(db + ": no node '" + node + "' in the log (nodes: " + known + ")");
+  }
+  const Time start = events.empty() ? 0 : events.front().time;
+  auto at = [&](const Event& e) { return "T+" + format_duration(e.time - start) + "  #" + std::to_string(e.seq) + "  "; };
+  std::cout << "Node " << node << " (id " << id << ") in " << db << "\n";
+  int lines = 0;
+  bool follow = false;  // after a decision about this node: show how the job came back
+  for (const Event& e : events) {
+    std::string line;
+    std::visit(
+        [&](const auto& p) {
+          using T = std::decay_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, NodeJoined>) {
+            if (p.node == id) line = "joined as slot " + std::to_string(p.slot);
+          } else if constexpr (std::is_same_v<T, FailureObserved>) {
+            if (p.node == id)
+              line = "observed " + std::string(to_string(p.kind)) + ": exit code " + std::to_string(p.exit_code) +
+                     ", signal " + std::to_string(p.signal) + (p.reason.empty() ? "" : ", '" + p.reason + "'") +
+                     "; progress had stopped " + format_duration(e.time - p.stalled_since) + " earlier";
+          } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
+            if (p.node == id) line = "observed running at 1/" + format_seconds(p.slowdown_permille * kMillisecond).substr(0, 5) + " speed";
+          } else if constexpr (std::is_same_v<T, NodeReturned>) {
+            if (p.node == id) line = "repaired, back in the pool of spares";
+          } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
+            if (p.node == id) {
+              line = "decided: " + std::string(to_string(p.diagnosis)) + " by rule '" + p.rule + "' -> " +
+                     std::string(to_string(p.action)) + " (failure " + std::to_string(p.attempt) + " of this node" +
+                     (p.backoff ? ", backoff " + format_duration(p.backoff) : std::string()) +
+                     (p.memory_permille != 1000 ? ", memory x" + format_seconds(p.memory_permille * kMillisecond).substr(0, 4) : std::string()) + ")";
+              follow = true;
+            }
+          } else if constexpr (std::is_same_v<T, RestartJob>) {
+            if (follow)
+              line = "job: restart " + std::to_string(p.restart) + " of " + std::to_string(p.world_size) +
+                     " nodes, restoring step " + std::to_string(p.restore_step) + " from " + std::string(to_string(p.restore_tier));
+          } else if constexpr (std::is_same_v<T, CheckpointLoaded>) {
+            if (follow) {
+              line = "job: training again from step " + std::to_string(p.step) + " (" + std::string(to_string(p.tier)) +
+                     ", loaded in " + format_duration(p.load_time) + ")";
+              follow = false;
+            }
+          }
+        },
+        e.payload);
+    if (!line.empty()) {
+      std::cout << at(e) << line << "\n";
+      ++lines;
+    }
+  }
+  if (lines == 0) std::cout << "nothing in the log concerns this node\n";
   return 0;
 }
 
@@ -311,6 +381,12 @@ int main(int argc, char** argv) {
   report->add_flag("--digest", digest, "Print the XXH3 digest of the event log");
   report->add_option("--html", html, "Also write a self-contained HTML report with the timeline");
   report->callback([&] { rc = cmd_report(db, format, digest, html); });
+
+  std::string node;
+  auto* explain = app.add_subcommand("explain", "The chain of observations and decisions for one node of an event log");
+  explain->add_option("events", db, "Event log (SQLite)")->required();
+  explain->add_option("--node", node, "Node name (as it joined, e.g. n17) or id")->required();
+  explain->callback([&] { rc = cmd_explain(db, node); });
 
   MonteCarloArgs mc;
   std::vector<std::string> policies, sets;

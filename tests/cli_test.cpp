@@ -100,3 +100,24 @@ TEST_CASE("bad arguments and bad policies exit 2 with a reason") {
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("replay") != std::string::npos);
 }
+
+TEST_CASE("goodput explain tells one node's story from the log, in order") {
+  TempDir dir("cli-explain");
+  const std::string db = dir.file("events.db");
+  REQUIRE(run_command(goodput_cmd("replay " + kSmall + " --events " + db)).exit_code == 0);
+  auto r = run_command(goodput_cmd("explain " + db + " --node n236"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  const auto joined = r.output.find("joined as slot 236");
+  const auto observed = r.output.find("observed node_lost");
+  const auto decided = r.output.find("decided: hardware_error by rule 'node-lost' -> relaunch_node");
+  const auto resumed = r.output.find("job: training again from step");
+  CHECK(joined != std::string::npos);
+  CHECK(observed > joined);
+  CHECK(decided > observed);
+  CHECK(resumed > decided);
+  CHECK(resumed != std::string::npos);
+  auto bad = run_command(goodput_cmd("explain " + db + " --node n99999x"));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("no node 'n99999x'") != std::string::npos);
+}
