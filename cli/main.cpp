@@ -15,6 +15,7 @@
 #include "engine/event_store.h"
 #include "report/html.h"
 #include "report/report.h"
+#include "sim/from_log.h"
 #include "sim/montecarlo.h"
 #include "sim/paper.h"
 #include "sim/simulator.h"
@@ -60,9 +61,14 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 int cmd_replay(const std::string& trace_path, const std::string& policy_path, uint64_t seed, bool resample,
-               const std::string& events_path, const std::string& format, bool digest, const std::string& html) {
+               const std::string& events_path, const std::string& format, bool digest, const std::string& html,
+               const std::string& from_log) {
   check_format(format);
-  const Trace trace = load_trace(trace_path);
+  if (trace_path.empty() == from_log.empty()) throw BadInput("replay needs a TRACE or --from-log EVENTS.db (one of them)");
+  const Trace trace = from_log.empty() ? load_trace(trace_path) : [&] {
+    SqliteStore log(from_log, SqliteStore::Mode::OpenReadOnly);
+    return trace_from_log(log, from_log);
+  }();
   PolicySet policy = policy_from(policy_path);
   policy.name = policy_label(policy, policy_path);
   std::vector<EventSink*> sinks;
@@ -89,7 +95,8 @@ int cmd_replay(const std::string& trace_path, const std::string& policy_path, ui
     if (digest) j["digest"] = dig.hex();
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << "Replay of " << trace_path << " (" << sim.failures().size() << " failures, seed " << seed << ")\n"
+    std::cout << "Replay of " << (from_log.empty() ? trace_path : from_log) << " (" << sim.failures().size()
+              << " failures, seed " << seed << ")\n"
               << report_text(r);
     if (digest) std::cout << "  digest               " << dig.hex() << "\n";
     if (store) std::cout << "  event log            " << events_path << "\n";
@@ -363,7 +370,9 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   bool resample = false, digest = false;
   auto* replay = app.add_subcommand("replay", "Replay a trace with a policy and print the goodput report");
-  replay->add_option("trace", trace_path, "Trace file (JSON Lines, see traces/SCHEMA.md)")->required();
+  std::string from_log;
+  replay->add_option("trace", trace_path, "Trace file (JSON Lines, see traces/SCHEMA.md)");
+  replay->add_option("--from-log", from_log, "Replay a recorded event log instead of a trace (its failures and measured costs)");
   replay->add_option("--policy", policy_path, "Policy JSON (default: diagnose + flash checkpoints + wait for spares)");
   replay->add_option("--seed", seed, "Seed for failures drawn from the trace's rates")->capture_default_str();
   replay->add_flag("--resample", resample, "Draw failures from the trace's rates even if it lists its own");
@@ -372,7 +381,8 @@ int main(int argc, char** argv) {
   replay->add_flag("--digest", digest, "Print the XXH3 digest of the event log");
   std::string html;
   replay->add_option("--html", html, "Also write a self-contained HTML report with the timeline");
-  replay->callback([&] { rc = cmd_replay(trace_path, policy_path, seed, resample, events_path, format, digest, html); });
+  replay->callback(
+      [&] { rc = cmd_replay(trace_path, policy_path, seed, resample, events_path, format, digest, html, from_log); });
 
   auto* report = app.add_subcommand("report", "Recompute the goodput report from a stored event log");
   report->add_option("events", db, "Event log (SQLite) written by replay or the live master")->required();

@@ -1,0 +1,152 @@
+// A recorded event log is a trace: the failures it observed, when progress stopped for each, the
+// nodes that came back, and a cost model measured from the log itself (medians of how long
+// restarts, rendezvous, loads, placements and detection took). Replaying it under another policy
+// answers "what would that policy have done with this run".
+#include <algorithm>
+#include <map>
+
+#include "sim/from_log.h"
+
+namespace goodput {
+namespace {
+
+Duration median(std::vector<Duration> v, Duration fallback) {
+  if (v.empty()) return fallback;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+Trace trace_from_log(const EventStore& log, const std::string& name) {
+  Trace t;
+  t.name = "replay of " + name;
+  t.source = "recorded by goodput in " + name;
+  t.path = name;
+  bool started = false, first_world_done = false;
+  Time start = 0, end = 0;
+  std::map<NodeId, int32_t> machine;  // log node id -> trace machine index
+  std::vector<NodeId> later;          // nodes first seen after the first world, in order
+  std::map<NodeId, int32_t> initial_slot;
+  struct Pending {
+    Time at = 0;
+  };
+  std::vector<Duration> restart, rendezvous, scheduling, exit_detect, heartbeat, hang, repair;
+  std::map<NodeId, Time> relaunched_at, failed_at;
+  Time restart_at = -1, processes_at = -1;
+  Duration restart_delay = 0;
+  std::vector<std::pair<NodeId, TraceEvent>> raw;  // events with log node ids, mapped at the end
+  std::map<NodeId, size_t> open_slowdown;           // node -> index in raw of its running slowdown
+
+  log.for_each([&](const Event& e) {
+    end = std::max(end, e.time);
+    std::visit(
+        [&](const auto& p) {
+          using T = std::decay_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, JobStarted>) {
+            started = true;
+            start = e.time;
+            t.cluster.nodes = p.nodes;
+            t.cluster.accelerators_per_node = p.accelerators_per_node;
+            t.job.name = p.job;
+            t.job.step_time = p.step_time;
+            t.job.total_steps = p.total_steps;
+            t.job.checkpoint_bytes_per_node = p.checkpoint_bytes_per_node;
+            t.job.memory_bandwidth_bytes_per_s = std::max<int64_t>(1, p.memory_bandwidth_bytes_per_s);
+            t.job.storage_bandwidth_bytes_per_s = std::max<int64_t>(1, p.storage_bandwidth_bytes_per_s);
+          } else if constexpr (std::is_same_v<T, NodeJoined>) {
+            if (!first_world_done) {
+              initial_slot[p.node] = p.slot;
+              scheduling.push_back(e.time - start);
+            } else if (!initial_slot.count(p.node) && std::find(later.begin(), later.end(), p.node) == later.end()) {
+              later.push_back(p.node);
+            }
+            if (auto it = relaunched_at.find(p.node); it != relaunched_at.end()) relaunched_at.erase(it);
+          } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
+            if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory)
+              relaunched_at[p.node] = e.time;
+          } else if constexpr (std::is_same_v<T, RestartJob>) {
+            first_world_done = true;
+            restart_at = e.time;
+            restart_delay = p.delay;
+          } else if constexpr (std::is_same_v<T, ProcessesStarted>) {
+            if (restart_at >= 0) restart.push_back(e.time - restart_at - restart_delay);
+            processes_at = e.time;
+          } else if constexpr (std::is_same_v<T, RendezvousComplete>) {
+            if (processes_at >= 0) rendezvous.push_back(e.time - processes_at);
+          } else if constexpr (std::is_same_v<T, FailureObserved>) {
+            if (p.reason == "node unreachable during restart") return;  // a consequence, not a cause
+            TraceEvent te;
+            te.t = std::max<Time>(0, std::min(p.stalled_since, e.time) - start);
+            te.reason = p.reason;
+            const Duration latency = e.time - std::min(p.stalled_since, e.time);
+            switch (p.kind) {
+              case FailureKind::ProcessExit:
+                te.type = TraceEventType::ProcessCrash;
+                te.exit_code = p.exit_code;
+                te.signal = std::clamp(p.signal, 0, 128);
+                exit_detect.push_back(latency);
+                break;
+              case FailureKind::NodeLost:
+                te.type = TraceEventType::NodeFailure;
+                heartbeat.push_back(latency);
+                failed_at[p.node] = e.time - latency;
+                break;
+              case FailureKind::Hang:
+                te.type = TraceEventType::Hang;
+                hang.push_back(latency);
+                break;
+              case FailureKind::Maintenance:
+                te.type = TraceEventType::Maintenance;
+                failed_at[p.node] = e.time - latency;
+                break;
+            }
+            raw.emplace_back(p.node, te);
+          } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
+            if (p.slowdown_permille > 1000) {
+              TraceEvent te;
+              te.t = e.time - start;
+              te.type = TraceEventType::Slowdown;
+              te.slowdown_permille = p.slowdown_permille;
+              open_slowdown[p.node] = raw.size();
+              raw.emplace_back(p.node, te);
+            } else if (auto it = open_slowdown.find(p.node); it != open_slowdown.end()) {
+              raw[it->second].second.duration = e.time - start - raw[it->second].second.t;
+              open_slowdown.erase(it);
+            }
+          } else if constexpr (std::is_same_v<T, NodeReturned>) {
+            if (auto it = failed_at.find(p.node); it != failed_at.end()) {
+              repair.push_back(e.time - it->second);
+              failed_at.erase(it);
+            }
+          }
+        },
+        e.payload);
+  });
+  if (!started) throw TraceError(name + ": the log has no job_started event");
+  // Machines: the first world's nodes by slot, then every node that joined later, as spares.
+  for (const auto& [node, slot] : initial_slot) machine[node] = slot;
+  t.cluster.spare_nodes = static_cast<int32_t>(later.size());
+  for (size_t i = 0; i < later.size(); ++i) machine[later[i]] = t.cluster.nodes + static_cast<int32_t>(i);
+  for (auto& [node, te] : raw) {
+    auto it = machine.find(node);
+    if (it == machine.end()) continue;  // a node the log never saw join
+    te.node = it->second;
+    t.events.push_back(te);
+  }
+  std::stable_sort(t.events.begin(), t.events.end(), [](const TraceEvent& a, const TraceEvent& b) { return a.t < b.t; });
+  // Trace times are read to the microsecond.
+  for (auto& e : t.events) e.t = e.t / kMicrosecond * kMicrosecond;
+  const JobSpec d;
+  t.job.duration = std::max<Duration>(end - start, kMicrosecond);
+  t.job.node_scheduling = median(scheduling, d.node_scheduling);
+  t.job.process_restart = median(restart, d.process_restart);
+  t.job.rendezvous = median(rendezvous, d.rendezvous);
+  t.job.exit_detection = median(exit_detect, d.exit_detection);
+  t.job.heartbeat_timeout = median(heartbeat, d.heartbeat_timeout);
+  t.job.hang_timeout = median(hang, d.hang_timeout);
+  t.cluster.repair_time = median(repair, t.cluster.repair_time);
+  return t;
+}
+
+}  // namespace goodput
