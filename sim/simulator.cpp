@@ -340,6 +340,14 @@ void Simulator::on_trace_event(const TraceEvent& e) {
 }
 
 void Simulator::fault(int32_t m, const TraceEvent& e) {
+  if (e.memory_needed_permille > 0 && machines_[m].slot >= 0) {
+    Slot& slot = slots_[machines_[m].slot];
+    slot.memory_needed_permille = std::max(slot.memory_needed_permille, e.memory_needed_permille);
+    slot.oom_after = e.duration > 0 ? e.duration : 10 * kMinute;
+    slot.oom_reason = e.reason.empty() ? "OOMKilled" : e.reason;
+    if (std::find(short_of_memory_.begin(), short_of_memory_.end(), machines_[m].slot) == short_of_memory_.end())
+      short_of_memory_.push_back(machines_[m].slot);
+  }
   if (training_ || !stalled_) {
     stalled_since_ = clock_.now();
     stalled_ = true;
@@ -445,8 +453,24 @@ void Simulator::handle(const Item& item) {
       if (item.gen != restart_gen_) return;
       world_ = restart_.world_size;
       start_training(restart_.restore_step);
+      // A process still short of memory runs out of it again, at the same point of its work.
+      for (int32_t s : short_of_memory_)
+        if (slots_[s].memory_permille < slots_[s].memory_needed_permille && slots_[s].machine >= 0)
+          queue_.push(clock_.now() + slots_[s].oom_after, Item{ItemKind::OomAgain, s, 0, restart_gen_});
       master_.observe(CheckpointLoaded{restart_.restore_step, restart_.restore_tier, costs_.load(restart_.restore_tier)});
       return;
+    case ItemKind::OomAgain: {
+      const Slot& slot = slots_[item.a];
+      if (item.gen != restart_gen_ || !training_ || slot.machine < 0 || slot.memory_permille >= slot.memory_needed_permille)
+        return;
+      TraceEvent again;
+      again.type = TraceEventType::ProcessCrash;
+      again.exit_code = 137;
+      again.signal = 9;
+      again.reason = slot.oom_reason;
+      fault(slot.machine, again);
+      return;
+    }
     case ItemKind::Completed:
       if (item.gen != train_gen_ || !training_) return;
       stop_training();
@@ -478,6 +502,9 @@ void Simulator::execute(const Event& d) {
             ++restart_gen_;
             persisting_ = false;
           }
+          if (p.action == RecoveryAction::RelaunchWithMoreMemory)
+            slots_[s].memory_permille =
+                static_cast<int32_t>(static_cast<int64_t>(slots_[s].memory_permille) * p.memory_permille / 1000);
           // A node relaunched elsewhere leaves its machine behind for a health check and repair;
           // one relaunched for memory leaves a healthy machine that may serve again.
           if (p.action == RecoveryAction::RelaunchNode && machines_[p.node].state != MachineState::Down)

@@ -33,7 +33,7 @@ class Simulator final : public Backend {
 
  private:
   enum class ItemKind : uint8_t {
-    Detect, Joined, JoinedBatch, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
+    Detect, Joined, JoinedBatch, OomAgain, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
     NoSpare
   };
   struct Item {
@@ -54,6 +54,10 @@ class Simulator final : public Backend {
     int32_t machine = -1;
     bool waiting = false;   // needs a machine
     bool reported = false;  // NoSpareNode already observed for this wait
+    int32_t memory_permille = 1000;   // memory limit relative to the job's start
+    int32_t memory_needed_permille = 0;  // the rank's process runs out of memory below this
+    Duration oom_after = 10 * kMinute;
+    std::string oom_reason;
   };
 
   void handle(const Item& item);
@@ -91,6 +95,7 @@ class Simulator final : public Backend {
   IndexSet free_;         // machines free to be placed, lowest first
   IndexSet waiting_;      // slots that need a machine
   IndexSet down_in_job_;  // machines that are down but still hold their slot
+  std::vector<int32_t> short_of_memory_;  // slots whose process will run out of memory again
   size_t next_trace_ = 0;  // trace events are sorted: read in order, not queued
   int32_t slowed_ = 0;         // machines running slow (most runs have none)
   bool finished_ = false;

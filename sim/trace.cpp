@@ -193,7 +193,14 @@ Trace parse_trace(const std::string& text, const std::string& file) {
       const double factor = r.number("factor", 1.0, 1.0, 1000.0);
       e.slowdown_permille = static_cast<int32_t>(factor * 1000.0 + 0.5);
       if (e.type == TraceEventType::Slowdown && !r.has("factor")) r.fail("factor", "is missing (slowdown factor >= 1)");
-      e.duration = r.duration(e.type == TraceEventType::Slowdown ? "duration" : "repair", 0);
+      const double needed = r.number("memory_needed", 0.0, 0.0, 1000.0);
+      e.memory_needed_permille = static_cast<int32_t>(needed * 1000.0 + 0.5);
+      if (r.has("memory_needed") && (e.type != TraceEventType::ProcessCrash || needed <= 1.0))
+        r.fail("memory_needed", "applies to process_crash only, as a factor above 1");
+      e.duration = r.duration(e.type == TraceEventType::Slowdown ? "duration"
+                              : e.memory_needed_permille ? "recur_after"
+                                                         : "repair",
+                              0);
       r.finish();
       t.events.push_back(std::move(e));
     } catch (const ConfigError& e) {
@@ -263,7 +270,9 @@ std::string write_trace(const Trace& t) {
       if (e.signal) j["signal"] = e.signal;
     }
     if (e.type == TraceEventType::Slowdown) j["factor"] = e.slowdown_permille / 1000.0;
-    if (e.duration) j[e.type == TraceEventType::Slowdown ? "duration" : "repair"] = dur(e.duration);
+    if (e.memory_needed_permille) j["memory_needed"] = e.memory_needed_permille / 1000.0;
+    if (e.duration)
+      j[e.type == TraceEventType::Slowdown ? "duration" : e.memory_needed_permille ? "recur_after" : "repair"] = dur(e.duration);
     out += j.dump() + "\n";
   }
   return out;

@@ -56,6 +56,10 @@ struct TraceEvent {
   int32_t signal = 0;
   int32_t slowdown_permille = 1000;
   Duration duration = 0;  // slowdown: how long (0: until the node leaves); failures: repair override
+  // process_crash from running out of memory: the rank's process needs this much of its current
+  // memory limit (1000 = as much); until its slot gets that much, it crashes again after every
+  // restart, `duration` into training (default 10 min).
+  int32_t memory_needed_permille = 0;
   int line = 0;           // in the file, for messages
 };
 

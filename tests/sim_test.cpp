@@ -315,3 +315,23 @@ TEST_CASE("replacing a straggler beats running at its pace, and the report says 
   CHECK(explained);
   check_sums(b);
 }
+
+TEST_CASE("an OOM recurs until the rank gets more memory: diagnosis fixes it, restart-all loops") {
+  Trace t = small_trace(10 * kHour, 1);
+  TraceEvent oom = failure(kHour, TraceEventType::ProcessCrash, "n1", t, "OOMKilled");
+  oom.exit_code = 137;
+  oom.signal = 9;
+  oom.memory_needed_permille = 1400;  // needs 1.4x its memory limit
+  t.events.push_back(oom);
+  Simulator diagnose(t, policy(R"({"recovery":{"policy":"diagnose","oom_memory_factor":1.5}})"), SimOptions{});
+  const JobState& a = diagnose.run();
+  CHECK(a.failures() == 1);
+  CHECK(a.decisions_by(RecoveryAction::RelaunchWithMoreMemory) == 1);
+  Simulator small_steps(t, policy(R"({"recovery":{"policy":"diagnose","oom_memory_factor":1.2}})"), SimOptions{});
+  CHECK(small_steps.run().decisions_by(RecoveryAction::RelaunchWithMoreMemory) == 2);  // 1.2, then 1.44
+  Simulator restart_all(t, policy(R"({"recovery":{"policy":"restart-all"}})"), SimOptions{});
+  const JobState& b = restart_all.run();
+  CHECK(b.failures() > 30);  // every 10 minutes of training, for 9 hours
+  CHECK(make_report(a).goodput > make_report(b).goodput + 0.05);
+  check_sums(b);
+}

@@ -122,3 +122,14 @@ TEST_CASE("the CLI exits 2 with the line and field for each kind of bad trace") 
   r = run_command(goodput_cmd("replay --bogus-flag x"));
   CHECK(r.exit_code == 2);
 }
+
+TEST_CASE("an out-of-memory crash carries what the rank needs, and round-trips") {
+  const Trace t = parse_trace(kHeader + "\n" +
+                                  R"({"t": 5, "type": "process_crash", "node": "n1", "exit_code": 137, "signal": 9, "reason": "OOMKilled", "memory_needed": 1.4, "recur_after": "5m"})" "\n",
+                              "oom.jsonl");
+  REQUIRE(t.events.size() == 1);
+  CHECK(t.events[0].memory_needed_permille == 1400);
+  CHECK(t.events[0].duration == 5 * kMinute);
+  CHECK(write_trace(parse_trace(write_trace(t), "b.jsonl")) == write_trace(t));
+  CHECK(error_of(R"({"t": 1, "type": "hang", "node": "n1", "memory_needed": 2})").find("field 'memory_needed' applies to process_crash only") != std::string::npos);
+}
