@@ -18,6 +18,7 @@
 #include "sim/from_log.h"
 #include "sim/montecarlo.h"
 #include "sim/paper.h"
+#include "sim/policy_file.h"
 #include "sim/simulator.h"
 
 namespace goodput {
@@ -110,16 +111,17 @@ int cmd_report(const std::string& db, const std::string& format, bool digest, co
   TimelineSink folded;
   const JobState& state = folded.state;
   DigestSink dig;
-  store.for_each([&](const Event& e) {
+  const bool dump = format == "events";
+  store.for_each([&](const Event& e) {  // one pass over the log, whatever is asked
     folded.append(e);
     if (digest) dig.append(e);
+    if (dump) std::cout << event_to_line(e) << "\n";
   });
   if (!state.started()) throw BadInput(db + ": the log has no job_started event");
   const Report r = make_report(state);
   if (!html.empty()) write_file(html, report_html(r, folded.finish(), "Goodput report of " + db));
-  if (format == "events") {
-    store.for_each([](const Event& e) { std::cout << event_to_line(e) << "\n"; });
-  } else if (format == "json") {
+  if (dump) return 0;  // the lines were the output
+  if (format == "json") {
     auto j = report_json(r);
     if (digest) j["digest"] = dig.hex();
     std::cout << j.dump(2) << "\n";

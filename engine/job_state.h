@@ -66,7 +66,6 @@ class JobState {
   int32_t failures_of(NodeId n) const;
   int32_t failures_since_checkpoint() const { return failures_since_checkpoint_; }
   Duration last_backoff() const { return last_backoff_; }
-  int32_t memory_permille_of(NodeId n) const;
 
   // ---- checkpoints ----
   const CheckpointManager& checkpoints() const { return checkpoints_; }
@@ -112,7 +111,6 @@ class JobState {
   std::vector<bool> held_;
   std::vector<int32_t> slowdown_;
   std::vector<int32_t> node_failures_;
-  std::vector<int32_t> memory_permille_;
   int32_t slowdown_max_ = 1000;
   int32_t training_world_ = 0;
   int32_t restart_jobs_ = 0;

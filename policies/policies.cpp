@@ -1,7 +1,6 @@
 // The shipped policies and their registry.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -330,24 +329,6 @@ PolicySet load_policy(const nlohmann::json& config) {
     return s;
   } catch (const ConfigError& e) {
     throw PolicyError(e.what());
-  }
-}
-
-PolicySet load_policy_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw PolicyError(path + ": cannot open policy file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw PolicyError(path + ": not valid JSON: " + e.what());
-  }
-  try {
-    return load_policy(j);
-  } catch (const PolicyError& e) {
-    throw PolicyError(path + ": " + e.what());
   }
 }
 

@@ -83,7 +83,6 @@ struct PolicySet {
 // {"name": "...", "recovery": {"policy": "diagnose", ...}, "checkpoint": {"policy": "flash", ...},
 //  "scaling": {"policy": "wait"}}. Missing sections take defaults. Throws PolicyError.
 PolicySet load_policy(const nlohmann::json& config);
-PolicySet load_policy_file(const std::string& path);
 // The policy used when none is given: diagnosis-driven recovery, flash checkpoints, wait for spares.
 PolicySet default_policy();
 

@@ -28,9 +28,6 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
   std::map<NodeId, int32_t> machine;  // log node id -> trace machine index
   std::vector<NodeId> later;          // nodes first seen after the first world, in order
   std::map<NodeId, int32_t> initial_slot;
-  struct Pending {
-    Time at = 0;
-  };
   std::vector<Duration> restart, rendezvous, scheduling, exit_detect, heartbeat, hang, repair;
   std::map<NodeId, Time> relaunched_at, failed_at;
   Time restart_at = -1, processes_at = -1;

@@ -106,6 +106,12 @@ void Simulator::stop_training() {
   ++train_gen_;
 }
 
+// Progress stops now (a fault, or a planned replacement); the failures that follow carry this time.
+void Simulator::stall() {
+  stalled_since_ = clock_.now();
+  stalled_ = true;
+}
+
 // Training goes on from now at the current speed and plan.
 void Simulator::reanchor() {
   if (!training_) return;
@@ -348,10 +354,7 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
     if (std::find(short_of_memory_.begin(), short_of_memory_.end(), machines_[m].slot) == short_of_memory_.end())
       short_of_memory_.push_back(machines_[m].slot);
   }
-  if (training_ || !stalled_) {
-    stalled_since_ = clock_.now();
-    stalled_ = true;
-  }
+  if (training_ || !stalled_) stall();
   stop_training();
   ++restart_gen_;  // a restart in progress cannot complete without this node
   FailureObserved f;
@@ -496,8 +499,7 @@ void Simulator::execute(const Event& d) {
           const int32_t s = machines_[p.node].slot;
           if (s < 0 || slots_[s].machine != p.node) return;  // already out of the job
           if (training_) {  // a planned replacement: the job stops now and restarts with the new node
-            stalled_since_ = clock_.now();
-            stalled_ = true;
+            stall();
             stop_training();
             ++restart_gen_;
             persisting_ = false;

@@ -70,6 +70,7 @@ class Simulator final : public Backend {
   void start_training(int64_t step);
   void schedule_training();
   void reanchor();
+  void stall();
   void set_speed(int32_t machine, int32_t slowdown_permille);
   // Periodic saves are not queued one by one: before anything else happens at time t, the saves
   // and persists that completed by t are worked out in closed form and reported together.

@@ -27,11 +27,6 @@ std::string known_types() {
   return s;
 }
 
-struct LineError {
-  int line;
-  std::string what;
-};
-
 void read_cluster(ConfigReader& r, ClusterSpec& c) {
   c.nodes = static_cast<int32_t>(r.integer("nodes", 0, 1, 1'000'000));
   if (!r.has("nodes")) r.fail("nodes", "is missing");

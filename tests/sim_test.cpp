@@ -5,6 +5,7 @@
 #include "engine/event_json.h"
 #include "report/report.h"
 #include "sim/montecarlo.h"
+#include "sim/policy_file.h"
 #include "sim/simulator.h"
 #include "test_util.h"
 
