@@ -101,7 +101,10 @@ void JobState::apply(const Event& e) {
       [&](const auto& p) {
         using T = std::decay_t<decltype(p)>;
         if constexpr (std::is_same_v<T, JobStarted>) {
-          if (started_) return;  // a second start (resumed master) changes nothing
+          if (started_) {  // a second start (resumed master) changes nothing but the clock
+            accrue(now_);
+            return;
+          }
           job_ = p;
           costs_ = CheckpointCosts::from(p);
           started_ = true;

@@ -44,6 +44,10 @@ for t in trace policy event checkpoint; do
     grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==ERROR|SUMMARY|INFO: Seed)|Done [0-9]+ runs" || true
   if compgen -G "build-fuzz/crashes/$t/*" >/dev/null; then
     echo "fuzz_$t: FOUND CRASHES in build-fuzz/crashes/$t/"
+    for c in build-fuzz/crashes/$t/*; do  # the input and its stack, so a CI log is enough to fix it
+      echo "--- $c:"; head -c 2000 "$c" | cat -v; echo
+      build-fuzz/fuzz_$t "$c" 2>&1 | grep -E "^ +#[0-9]+ .* in |ERROR|SUMMARY|runtime error" | head -30 || true
+    done
     status=1
   fi
 done

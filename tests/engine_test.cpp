@@ -137,6 +137,15 @@ TEST_CASE("the fold attributes detection from the stall to the observation") {
   CHECK(s.wall() == 200 * kSecond);
 }
 
+TEST_CASE("a second job_started (a resumed master) keeps every second accounted for") {
+  JobState s;
+  s.apply(Event{1, 0, JobStarted{"j", 2, 8, kSecond, 0, 0, 1, 1, "p"}});
+  s.apply(Event{2, 5 * kSecond, JobStarted{"j", 2, 8, kSecond, 0, 0, 1, 1, "p"}});
+  CHECK(s.wall() == 5 * kSecond);
+  CHECK(s.loss(Loss::Scheduling) == 5 * kSecond);  // found by fuzz_event: the 5 s went missing
+  CHECK(s.productive() + s.losses_total() == s.wall());
+}
+
 // The engine and the policies must not reach the OS: no wall clock, no ambient randomness, no
 // environment, no threads or sleeps, no processes or sockets. Only the event store may open files.
 TEST_CASE("engine and policies do not touch the OS directly") {
