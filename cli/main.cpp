@@ -10,9 +10,11 @@
 
 #include "cli/bench.h"
 #include "cli/ckpt.h"
+#include "cli/live.h"
 #include "agent/checkpoint/flash_checkpoint.h"
 #include "engine/event_json.h"
 #include "engine/event_store.h"
+#include "engine/json_reader.h"
 #include "report/html.h"
 #include "report/report.h"
 #include "sim/from_log.h"
@@ -488,6 +490,7 @@ int main(int argc, char** argv) {
   });
 
   add_ckpt_commands(app, rc);
+  add_live_commands(app, rc);
 
   BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "Benchmarks: core loop, replay, Monte Carlo (ratios against baselines)");
@@ -511,6 +514,9 @@ int main(int argc, char** argv) {
     std::cerr << "goodput: " << e.what() << "\n";
     return 2;
   } catch (const ckpt::CheckpointError& e) {
+    std::cerr << "goodput: " << e.what() << "\n";
+    return 2;
+  } catch (const ConfigError& e) {
     std::cerr << "goodput: " << e.what() << "\n";
     return 2;
   } catch (const BadInput& e) {

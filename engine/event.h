@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "engine/time.h"
 
@@ -110,6 +111,14 @@ struct CheckpointPersisted {
   int64_t count = 1;
 };
 
+// Data shards (numbered 0..N-1, the master's dynamic sharding service). The trainer on `node`
+// finished these shards and they are inside its checkpoint of `step`: a restore to an older step
+// puts them back in the queue.
+struct ShardsCompleted {
+  NodeId node = 0;
+  int64_t step = 0;
+  std::vector<int64_t> shards;
+};
 struct JobFinished {
   std::string reason;  // "completed", "horizon", "gave-up", "stopped"
   int64_t step = 0;
@@ -142,6 +151,12 @@ struct ScaleDecided {
   std::string reason;
 };
 
+// The master handed these shards to the trainer on `node`. Logged before the trainer hears of
+// them, so a restarted master never hands a shard to two trainers.
+struct ShardsAssigned {
+  NodeId node = 0;
+  std::vector<int64_t> shards;
+};
 // Restart every trainer of the world; they restore `restore_step` from `restore_tier`.
 struct RestartJob {
   int32_t world_size = 0;
@@ -154,7 +169,7 @@ struct RestartJob {
 using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpareNode, NodeReturned, SlowdownObserved,
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
-                                  RestartJob>;
+                                  RestartJob, ShardsCompleted, ShardsAssigned>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

@@ -28,6 +28,8 @@ template <class F> void fields(CheckpointSaved& v, F&& f) {
   f("step", v.step); f("tier", v.tier); f("blocking_ns", v.blocking); f("persist", v.persist); f("count", v.count);
 }
 template <class F> void fields(CheckpointPersisted& v, F&& f) { f("step", v.step); f("count", v.count); }
+template <class F> void fields(ShardsCompleted& v, F&& f) { f("node", v.node); f("step", v.step); f("shards", v.shards); }
+template <class F> void fields(ShardsAssigned& v, F&& f) { f("node", v.node); f("shards", v.shards); }
 template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);
@@ -46,7 +48,7 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "job_started",         "node_joined",       "failure_observed", "no_spare_node",    "node_returned",
     "slowdown_observed",   "processes_started", "rendezvous_complete", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
-    "restart_job"};
+    "restart_job",         "shards_completed", "shards_assigned"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",
@@ -103,6 +105,15 @@ struct Decoder {
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!j.is_string()) fail(name, "must be a string");
       v = j.get<std::string>();
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      if (!j.is_array()) fail(name, "must be an array of integers");
+      v.clear();
+      v.reserve(j.size());
+      for (const auto& x : j) {
+        if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > INT64_MAX))
+          fail(name, "must be an array of integers");
+        v.push_back(x.get<int64_t>());
+      }
     } else {
       static_assert(std::is_integral_v<T>);
       if (!j.is_number_integer()) fail(name, "must be an integer");
@@ -147,7 +158,8 @@ std::optional<Tier> tier_from(std::string_view s) { return enum_from<Tier>(kTier
 
 bool is_decision(const EventPayload& p) {
   return std::holds_alternative<RecoveryDecided>(p) || std::holds_alternative<CheckpointPlanSet>(p) ||
-         std::holds_alternative<ScaleDecided>(p) || std::holds_alternative<RestartJob>(p);
+         std::holds_alternative<ScaleDecided>(p) || std::holds_alternative<RestartJob>(p) ||
+         std::holds_alternative<ShardsAssigned>(p);
 }
 
 nlohmann::json payload_to_json(const EventPayload& payload) {

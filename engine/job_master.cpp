@@ -20,6 +20,14 @@ Event JobMaster::record(EventPayload payload) {
   return e;
 }
 
+Event JobMaster::log(EventPayload payload) {
+  if (state_.finished()) throw std::logic_error("event after the job finished");
+  Event e = record(std::move(payload));
+  if (options_.flush_before_acting)
+    for (EventSink* s : sinks_) s->flush();
+  return e;
+}
+
 void JobMaster::observe(EventPayload observation) {
   if (state_.finished()) throw std::logic_error("observation after the job finished");
   // Every policy sees this observation, whatever was decided before it was asked.

@@ -35,6 +35,9 @@ class JobMaster {
   void resume_from(const EventStore& store);
   // Record an observation, decide, and act.
   void observe(EventPayload observation);
+  // Record bookkeeping no policy decides on (data-shard assignments and completions); in live
+  // mode it is durable when this returns.
+  Event log(EventPayload payload);
 
   const JobState& state() const { return state_; }
   const PolicySet& policies() const { return policies_; }

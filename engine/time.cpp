@@ -46,6 +46,9 @@ std::optional<Duration> parse_duration(std::string_view text) {
 std::string format_duration(Duration d) {
   std::string sign = d < 0 ? "-" : "";
   if (d < 0) d = -d;
+  // Round to the tenth of a second shown first, so 59.96 s reads 00:01:00.0, not 00:00:60.0.
+  constexpr Duration kTenth = 100 * kMillisecond;
+  d = d > INT64_MAX - kTenth ? d : (d + kTenth / 2) / kTenth * kTenth;
   const int64_t days = d / kDay;
   const int64_t h = (d % kDay) / kHour;
   const int64_t m = (d % kHour) / kMinute;

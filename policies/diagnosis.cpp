@@ -24,7 +24,8 @@ template <class T> bool any_of_or_empty(const std::vector<T>& v, const T& x) {
 // Shipped rules, written as the same JSON a user would write. Order matters: first match wins.
 constexpr const char* kDefaultRules = R"([
   {"name": "oom-reason", "reason_contains": ["OOMKilled", "out of memory", "OutOfMemoryError", "oom-kill", "oom_kill",
-                                             "Cannot allocate memory"], "diagnosis": "out_of_memory"},
+                                             "Cannot allocate memory", "can't allocate memory", "MemoryError"],
+   "diagnosis": "out_of_memory"},
   {"name": "maintenance", "kinds": ["maintenance"], "diagnosis": "preemption"},
   {"name": "preempted", "reason_contains": ["preempt", "Evicted", "spot interruption", "DisruptionTarget"],
    "diagnosis": "preemption"},

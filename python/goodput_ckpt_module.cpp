@@ -55,7 +55,7 @@ PYBIND11_MODULE(_ckpt, m) {
 
   py::class_<FlashCheckpoint>(m, "FlashCheckpoint")
       .def(py::init([](const std::string& job, int rank, int world_size, const std::string& storage_dir,
-                       const std::string& shm_prefix, int keep) {
+                       const std::string& shm_prefix, int keep, bool peers_share_memory) {
              Options o;
              o.job = job;
              o.rank = rank;
@@ -63,10 +63,11 @@ PYBIND11_MODULE(_ckpt, m) {
              o.storage_dir = storage_dir;
              o.shm_prefix = shm_prefix;
              o.keep = keep;
+             o.peers_share_memory = peers_share_memory;
              return std::make_unique<FlashCheckpoint>(o);
            }),
            py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("storage_dir") = "",
-           py::arg("shm_prefix") = "", py::arg("keep") = 3)
+           py::arg("shm_prefix") = "", py::arg("keep") = 3, py::arg("peers_share_memory") = true)
       // buffers: [(name, dtype, shape, data_ptr, nbytes)]; the caller keeps the memory alive.
       .def("save_raw",
            [](FlashCheckpoint& c, int64_t step,
@@ -105,6 +106,7 @@ PYBIND11_MODULE(_ckpt, m) {
            })
       .def("newest_in_memory", &FlashCheckpoint::newest_in_memory)
       .def("storage_steps", &FlashCheckpoint::storage_steps)
+      .def("memory_steps", &FlashCheckpoint::memory_steps)
       .def("complete_storage_steps", &FlashCheckpoint::complete_storage_steps)
       .def("remove_memory", &FlashCheckpoint::remove_memory);
 

@@ -31,7 +31,9 @@ std::vector<EventPayload> one_of_each() {
           RecoveryDecided{1, Diagnosis::OutOfMemory, RecoveryAction::RelaunchWithMoreMemory, 2, 5 * kSecond, 1500, "oom"},
           CheckpointPlanSet{100, Tier::Memory, 1, "fixed"},
           ScaleDecided{4, 3, "no spare"},
-          RestartJob{3, 2, 0, 800, Tier::Storage}};
+          RestartJob{3, 2, 0, 800, Tier::Storage},
+          ShardsCompleted{2, 900, {4, 7, 8}},
+          ShardsAssigned{1, {9}}};
 }
 }  // namespace
 
@@ -104,6 +106,8 @@ TEST_CASE("durations parse from people's notation and reject the rest") {
   CHECK_FALSE(parse_duration("5 parsecs").has_value());
   CHECK_FALSE(parse_duration("1h30").has_value());
   CHECK(format_seconds(1'500'000'000) == "1.500000000");
+  CHECK(format_duration(119'960'000'000) == "00:02:00.0");  // rounds before splitting, never "01:60.0"
+  CHECK(format_duration(59'949'000'000) == "00:00:59.9");
 }
 
 TEST_CASE("the fold attributes detection from the stall to the observation") {

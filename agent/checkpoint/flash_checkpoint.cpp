@@ -583,6 +583,14 @@ std::optional<int64_t> FlashCheckpoint::newest_in_memory() const {
   return b.step;
 }
 
+std::vector<int64_t> FlashCheckpoint::memory_steps() const {
+  std::vector<int64_t> out;
+  for (int which = 0; which < 2; ++which)
+    if (const SlotInfo s = peek(shm_name(which)); s.committed) out.push_back(s.step);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<int64_t> FlashCheckpoint::storage_steps() const {
   std::vector<int64_t> out;
   if (options_.storage_dir.empty()) return out;
@@ -631,7 +639,7 @@ std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool ze
     const SlotInfo s = peek(shm_name(which));
     if (!s.committed || (want && s.step != *want)) continue;
     bool complete = true;
-    for (int32_t r = 0; r < options_.world_size && complete; ++r) {
+    for (int32_t r = 0; r < options_.world_size && complete && options_.peers_share_memory; ++r) {
       if (r == options_.rank) continue;
       Options other = options_;
       other.rank = r;

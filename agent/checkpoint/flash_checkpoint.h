@@ -101,6 +101,10 @@ struct Options {
   std::string storage_dir;   // empty: memory only
   std::string shm_prefix;    // default "/goodput-<job>"
   int keep = 3;              // complete steps kept in storage
+  // True: every rank's shared memory is visible here (one host), and a memory checkpoint counts
+  // only when every rank committed it. False (ranks on many hosts): the caller agrees on the step
+  // with the other ranks itself (goodput.live does, with a collective) and load(step) trusts it.
+  bool peers_share_memory = true;
   std::shared_ptr<Storage> storage;  // default: posix_storage()
 };
 
@@ -138,6 +142,7 @@ class FlashCheckpoint {
   std::vector<int64_t> storage_steps() const;           // steps with a file for this rank
   std::vector<int64_t> complete_storage_steps() const;  // steps every rank has
   std::optional<int64_t> newest_in_memory() const;      // newest committed step of this rank
+  std::vector<int64_t> memory_steps() const;            // committed steps of this rank (up to two)
   void remove_memory();                                  // unlink this rank's shm objects
   std::string shm_name(int which) const;                 // which: 0 -> "a", 1 -> "b"
   std::string step_dir(int64_t step) const;

@@ -77,8 +77,10 @@ def _dtype(name):
 
 
 class FlashCheckpoint:
-    def __init__(self, job, rank=0, world_size=1, storage_dir="", shm_prefix="", keep=3):
-        self._c = _ckpt.FlashCheckpoint(job, rank, world_size, storage_dir, shm_prefix, keep)
+    def __init__(self, job, rank=0, world_size=1, storage_dir="", shm_prefix="", keep=3, peers_share_memory=True):
+        """peers_share_memory=False: ranks live on different hosts; load(step) then trusts that the
+        caller agreed on `step` with the other ranks (goodput.live.Session.restore does)."""
+        self._c = _ckpt.FlashCheckpoint(job, rank, world_size, storage_dir, shm_prefix, keep, peers_share_memory)
         self.last_save = None
         self.last_load = None
 
@@ -138,6 +140,14 @@ class FlashCheckpoint:
 
     def newest_in_memory(self):
         return self._c.newest_in_memory()
+
+    def memory_steps(self):
+        """Steps this rank has committed in shared memory (at most two)."""
+        return self._c.memory_steps()
+
+    def complete_storage_steps(self):
+        """Steps every rank has in storage."""
+        return self._c.complete_storage_steps()
 
     def storage_steps(self):
         return self._c.storage_steps()

@@ -1,0 +1,168 @@
+#include "backends/live/http.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+namespace goodput::live {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr auto kIdleTimeout = std::chrono::seconds(30);
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const HttpServer::Handler& handler, size_t body_limit)
+      : stream_(std::move(socket)), handler_(handler), body_limit_(body_limit) {}
+
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(body_limit_);
+    parser_->header_limit(16 * 1024);
+    stream_.expires_after(kIdleTimeout);
+    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_read(ec);
+    });
+  }
+
+ private:
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == asio::error::connection_reset) {
+      close();
+      return;
+    }
+    if (ec) {
+      // Oversized or malformed: answer once, then hang up.
+      const bool too_big = ec == http::error::body_limit || ec == http::error::header_limit;
+      respond({too_big ? 413 : 400, "application/json",
+               std::string(R"({"error":")") + (too_big ? "request too large" : "malformed request") + "\"}"},
+              false);
+      return;
+    }
+    const auto& req = parser_->get();
+    HttpRequest r;
+    r.method = std::string(req.method_string());
+    r.target = std::string(req.target());
+    if (auto it = req.find(http::field::authorization); it != req.end()) r.authorization = std::string(it->value());
+    r.body = req.body();
+    HttpResponse out;
+    try {
+      out = handler_(r);
+    } catch (const std::exception& e) {
+      out = {500, "application/json", std::string(R"({"error":"internal error"})")};
+    }
+    respond(out, req.keep_alive());
+  }
+
+  void respond(const HttpResponse& r, bool keep_alive) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status), 11);
+    res->set(http::field::server, "goodput");
+    res->set(http::field::content_type, r.content_type);
+    res->keep_alive(keep_alive);
+    res->body() = r.body;
+    res->prepare_payload();
+    http::async_write(stream_, *res, [self = shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
+      if (ec || !keep_alive) return self->close();
+      self->read();
+    });
+  }
+
+  void close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  const HttpServer::Handler& handler_;
+  size_t body_limit_;
+};
+
+}  // namespace
+
+struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
+  Impl(asio::io_context& io, Handler h, size_t limit) : acceptor(io), handler(std::move(h)), body_limit(limit) {}
+  void accept() {
+    acceptor.async_accept([self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+      if (!ec) std::make_shared<Session>(std::move(socket), self->handler, self->body_limit)->read();
+      self->accept();
+    });
+  }
+  tcp::acceptor acceptor;
+  Handler handler;
+  size_t body_limit;
+};
+
+HttpServer::HttpServer(asio::io_context& io, const std::string& address, uint16_t port, Handler handler,
+                       size_t body_limit)
+    : impl_(std::make_shared<Impl>(io, std::move(handler), body_limit)) {
+  const tcp::endpoint ep(asio::ip::make_address(address), port);
+  impl_->acceptor.open(ep.protocol());
+  impl_->acceptor.set_option(asio::socket_base::reuse_address(true));
+  beast::error_code ec;
+  impl_->acceptor.bind(ep, ec);
+  if (ec) throw std::runtime_error("cannot listen on " + address + ":" + std::to_string(port) + ": " + ec.message());
+  impl_->acceptor.listen();
+  impl_->accept();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+uint16_t HttpServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void HttpServer::stop() {
+  beast::error_code ec;
+  if (impl_->acceptor.is_open()) impl_->acceptor.close(ec);
+}
+
+Url Url::parse(const std::string& url) {
+  std::string rest = url;
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  else if (rest.find("://") != std::string::npos) throw std::invalid_argument("only http:// URLs are supported: " + url);
+  rest = rest.substr(0, rest.find('/'));
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos || colon + 1 == rest.size()) throw std::invalid_argument("URL needs host:port: " + url);
+  return {rest.substr(0, colon), rest.substr(colon + 1)};
+}
+
+std::optional<HttpResponse> http_call(const Url& url, const std::string& method, const std::string& target,
+                                      const std::string& token, const std::string& body, int timeout_ms) {
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  beast::tcp_stream stream(io);
+  http::request<http::string_body> req(http::string_to_verb(method), target, 11);
+  req.set(http::field::host, url.host);
+  if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
+  req.set(http::field::content_type, "application/json");
+  req.body() = body;
+  req.prepare_payload();
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  bool ok = false;
+  stream.expires_after(std::chrono::milliseconds(timeout_ms));
+  resolver.async_resolve(url.host, url.port, [&](beast::error_code ec, tcp::resolver::results_type results) {
+    if (ec) return;
+    stream.async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
+      if (ec) return;
+      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+        if (ec) return;
+        http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) { ok = !ec; });
+      });
+    });
+  });
+  io.run_for(std::chrono::milliseconds(timeout_ms + 100));
+  if (!ok) return std::nullopt;
+  return HttpResponse{static_cast<int>(res.result_int()), std::string(res[http::field::content_type]), res.body()};
+}
+
+}  // namespace goodput::live

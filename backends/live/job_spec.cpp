@@ -1,0 +1,105 @@
+#include "backends/live/job_spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "engine/json_reader.h"
+
+namespace goodput::live {
+
+JobStarted JobSpec::job_started() const {
+  return JobStarted{job,
+                    nodes,
+                    accelerators_per_node,
+                    step_time,
+                    total_steps,
+                    checkpoint_bytes_per_node,
+                    memory_bandwidth_bytes_per_s,
+                    storage_bandwidth_bytes_per_s,
+                    policy_name};
+}
+
+namespace {
+nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open " + what);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(path + ": not valid JSON: " + e.what());
+  }
+}
+}  // namespace
+
+JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, const std::string& base_dir) {
+  if (!j.is_object()) throw ConfigError(where + ": a job spec must be a JSON object");
+  ConfigReader r(j, where);
+  JobSpec s;
+  s.job = r.text("job", "");
+  if (s.job.empty()) r.fail("job", "is required (a name for the job)");
+  for (char c : s.job)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      r.fail("job", "may hold only letters, digits, '-', '_' and '.' (it names files and shared memory)");
+  s.nodes = static_cast<int32_t>(r.integer("nodes", 1, 1, 4096));
+  const nlohmann::json* cmd = r.child("command");
+  if (!cmd || !cmd->is_array() || cmd->empty()) r.fail("command", "is required: the trainer's argv, a list of strings");
+  for (const auto& a : *cmd) {
+    if (!a.is_string()) r.fail("command", "must hold only strings");
+    s.command.push_back(a.get<std::string>());
+  }
+  if (const nlohmann::json* env = r.child("env")) {
+    if (!env->is_object()) r.fail("env", "must be an object of strings");
+    for (const auto& [k, v] : env->items()) {
+      if (!v.is_string()) r.fail("env", "value of '" + k + "' must be a string");
+      s.env[k] = v.get<std::string>();
+    }
+  }
+  s.total_steps = r.integer("total_steps", 0, 1, INT64_MAX / 2);
+  if (!r.has("total_steps")) r.fail("total_steps", "is required");
+  s.step_time = r.duration("step_time", s.step_time);
+  if (s.step_time <= 0) r.fail("step_time", "must be positive");
+  s.accelerators_per_node = static_cast<int32_t>(r.integer("accelerators_per_node", 1, 1, 1024));
+  s.checkpoint_bytes_per_node = r.integer("checkpoint_bytes_per_node", 0, 0, INT64_MAX / 2);
+  s.memory_bandwidth_bytes_per_s = r.integer("memory_bandwidth_bytes_per_s", s.memory_bandwidth_bytes_per_s, 1, INT64_MAX / 2);
+  s.storage_bandwidth_bytes_per_s = r.integer("storage_bandwidth_bytes_per_s", s.storage_bandwidth_bytes_per_s, 1, INT64_MAX / 2);
+  if (const nlohmann::json* p = r.child("policy")) {
+    if (p->is_string()) {
+      std::filesystem::path path(p->get<std::string>());
+      if (path.is_relative()) path = std::filesystem::path(base_dir) / path;
+      s.policy = read_json_file(path.string(), "policy file");
+      s.policy_name = path.stem().string();
+    } else if (p->is_object()) {
+      s.policy = *p;
+      s.policy_name = p->value("name", std::string("inline"));
+    } else {
+      r.fail("policy", "must be a policy file path or a policy object");
+    }
+  }
+  s.storage_dir = r.text("storage_dir", "");
+  s.data_shards = r.integer("data_shards", 0, 0, 100'000'000);
+  s.memory_limit_mb = r.integer("memory_limit_mb", 0, 0, 1 << 30);
+  s.heartbeat_interval = r.duration("heartbeat_interval", s.heartbeat_interval);
+  s.heartbeat_timeout = r.duration("heartbeat_timeout", s.heartbeat_timeout);
+  s.hang_timeout = r.duration("hang_timeout", s.hang_timeout);
+  s.failure_settle = r.duration("failure_settle", s.failure_settle);
+  if (s.heartbeat_interval <= 0) r.fail("heartbeat_interval", "must be positive");
+  if (s.heartbeat_timeout < 2 * s.heartbeat_interval) r.fail("heartbeat_timeout", "must be at least twice heartbeat_interval");
+  if (s.hang_timeout < s.heartbeat_timeout) r.fail("hang_timeout", "must be at least heartbeat_timeout");
+  r.finish();
+  return s;
+}
+
+JobSpec load_job_spec(const std::string& path) {
+  const nlohmann::json j = read_json_file(path, "job spec");
+  const std::string base = std::filesystem::path(path).parent_path().string();
+  try {
+    return job_spec_from_json(j, "job", base.empty() ? "." : base);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+}  // namespace goodput::live

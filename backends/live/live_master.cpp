@@ -1,0 +1,594 @@
+#include "backends/live/live_master.h"
+
+#include <algorithm>
+#include <ctime>
+#include <sstream>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "engine/event_json.h"
+#include "report/report.h"
+
+namespace goodput::live {
+
+using nlohmann::json;
+
+// ---- clock -----------------------------------------------------------------------------------------
+
+namespace {
+int64_t clock_ns(clockid_t id) {
+  timespec ts{};
+  ::clock_gettime(id, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * kSecond + ts.tv_nsec;
+}
+}  // namespace
+
+int64_t LiveClock::unix_now_ns() { return clock_ns(CLOCK_REALTIME); }
+
+LiveClock::LiveClock(int64_t epoch_unix_ns, Time not_before)
+    : base_(std::max(unix_now_ns() - epoch_unix_ns, not_before)), mono_start_(clock_ns(CLOCK_MONOTONIC)) {}
+
+Time LiveClock::now() const { return base_ + (clock_ns(CLOCK_MONOTONIC) - mono_start_); }
+
+// ---- helpers ---------------------------------------------------------------------------------------
+
+namespace {
+
+HttpResponse reply(int status, const json& body) { return {status, "application/json", body.dump()}; }
+HttpResponse error(int status, const std::string& what) { return reply(status, json{{"error", what}}); }
+
+bool same_token(const std::string& a, const std::string& b) {  // constant time in the secret's length
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// Typed access to agent JSON: a missing or mistyped field is the agent's bug, answered with 400.
+struct BadRequest : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+template <class T> T field(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) throw BadRequest(std::string("field '") + key + "' is missing");
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw BadRequest(std::string("field '") + key + "' has the wrong type");
+  }
+}
+template <class T> T field_or(const json& j, const char* key, T fallback) {
+  return j.contains(key) && !j[key].is_null() ? field<T>(j, key) : fallback;
+}
+
+int phase_rank(const std::string& p) {
+  if (p == "starting") return 1;
+  if (p == "rendezvous") return 2;
+  if (p == "loaded") return 3;
+  if (p == "training") return 4;
+  return 0;  // none, exited
+}
+
+}  // namespace
+
+// ---- construction and the log ---------------------------------------------------------------------
+
+LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, const Clock& clock,
+                       NodeProvider* provider, std::string token)
+    : spec_(std::move(spec)),
+      clock_(clock),
+      provider_(provider),
+      token_(std::move(token)),
+      store_(store),
+      master_(std::move(policies), clock, *this, {&store, this}, JobMaster::Options{.flush_before_acting = true}) {
+  ledger_.reset(spec_.data_shards);
+  slots_.assign(static_cast<size_t>(spec_.nodes), -1);
+  slot_memory_.assign(static_cast<size_t>(spec_.nodes), 1000);
+  world_ = spec_.nodes;
+  if (store.last_seq() > 0) {
+    resumed_ = true;
+    store.for_each([&](const Event& e) { append(e); });
+    master_.resume_from(store);
+    // Every node we knew gets a full heartbeat timeout to find the new master.
+    for (auto& [id, n] : nodes_) n.last_heartbeat = clock_.now();
+  } else {
+    master_.observe(spec_.job_started());
+    if (provider_)
+      for (int32_t i = 0; i < spec_.nodes; ++i) provider_->launch(1000);
+  }
+}
+
+void LiveMaster::append(const Event& e) {
+  ledger_.apply(e);
+  std::visit(
+      [&](const auto& p) {
+        using T = std::decay_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, NodeJoined>) {
+          Node& n = nodes_[p.node];
+          n.id = p.node;
+          n.name = p.name;
+          n.slot = p.slot;
+          if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
+          next_node_ = std::max(next_node_, p.node + 1);
+        } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
+          if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory) {
+            Node& n = nodes_[p.node];
+            n.gone = true;
+            if (n.slot >= 0 && static_cast<size_t>(n.slot) < slots_.size()) {
+              if (p.action == RecoveryAction::RelaunchWithMoreMemory)
+                slot_memory_[n.slot] = static_cast<int32_t>(int64_t{slot_memory_[n.slot]} * p.memory_permille / 1000);
+              slots_[n.slot] = -1;
+            }
+            n.slot = -1;
+          }
+        } else if constexpr (std::is_same_v<T, RestartJob>) {
+          restart_ = p;
+          run_at_ = e.time + p.delay;
+          rdzv_port_ = 0;  // execute() picks a free one
+          gen_saves_ = gen_blocking_ns_ = 0;
+        } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
+          gen_saves_ += std::max<int64_t>(p.count, 1);
+          saved_step_ = std::max(saved_step_, p.step);
+          gen_blocking_ns_ += p.blocking * std::max<int64_t>(p.count, 1);
+        } else if constexpr (std::is_same_v<T, CheckpointPersisted>) {
+          persisted_step_ = std::max(persisted_step_, p.step);
+        } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
+          plan_ = p;
+        } else if constexpr (std::is_same_v<T, ScaleDecided>) {
+          world_ = std::clamp(p.to, 0, spec_.nodes);
+          for (int32_t s = world_; s < spec_.nodes; ++s)
+            if (slots_[s] >= 0) {
+              nodes_[slots_[s]].slot = -1;  // back to the spares
+              slots_[s] = -1;
+            }
+        }
+      },
+      e.payload);
+}
+
+void LiveMaster::execute(const Event& d) {
+  if (std::holds_alternative<RestartJob>(d.payload)) rdzv_port_ = pick_port();
+  if (const auto* r = std::get_if<RecoveryDecided>(&d.payload)) {
+    if (r->action != RecoveryAction::RelaunchNode && r->action != RecoveryAction::RelaunchWithMoreMemory) return;
+    const Node& n = nodes_[r->node];
+    if (provider_) {
+      provider_->terminate(n.name);
+      // The slot it held (append already vacated it) gets a fresh machine.
+      int32_t memory = 1000;
+      for (size_t s = 0; s < slots_.size(); ++s)
+        if (slots_[s] < 0) memory = std::max(memory, slot_memory_[s]);
+      provider_->launch(memory);
+    }
+  }
+}
+
+void LiveMaster::observe(EventPayload p) {
+  if (master_.state().finished()) return;
+  master_.observe(std::move(p));
+}
+
+LiveMaster::Node* LiveMaster::node(NodeId id) {
+  auto it = nodes_.find(id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+std::vector<LiveMaster::Node*> LiveMaster::world() {
+  std::vector<Node*> out;
+  for (int32_t s = 0; s < world_; ++s) {
+    if (slots_[s] < 0) return {};
+    out.push_back(&nodes_[slots_[s]]);
+  }
+  return out;
+}
+
+uint16_t LiveMaster::pick_port() const {
+  // A free port on this host for torch.distributed's store (rank 0 listens on it). The local
+  // backend runs every rank here; multi-host backends pass MASTER_ADDR of rank 0's host.
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::tcp::v4(), 0});
+  return a.local_endpoint().port();
+}
+
+// ---- HTTP ------------------------------------------------------------------------------------------
+
+HttpResponse LiveMaster::handle(const HttpRequest& req) {
+  const std::string path = req.target.substr(0, req.target.find('?'));
+  if (req.method == "GET" && path == "/status") return reply(200, status());
+  if (req.method == "GET" && path == "/metrics") return {200, "text/plain; version=0.0.4", metrics()};
+  if (path.rfind("/v1/", 0) != 0) return error(404, "no such endpoint: " + path);
+  if (!same_token(req.authorization, "Bearer " + token_)) return error(401, "missing or wrong bearer token");
+  if (req.method != "POST") return error(405, "use POST");
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::exception&) {
+    return error(400, "body is not valid JSON");
+  }
+  if (!body.is_object()) return error(400, "body must be a JSON object");
+  try {
+    HttpResponse r;
+    if (path == "/v1/register") r = on_register(body);
+    else if (path == "/v1/heartbeat" || path == "/v1/exit") r = on_heartbeat(body);
+    else if (path == "/v1/shards/next") r = on_shards_next(body);
+    else if (path == "/v1/shards/complete") r = on_shards_complete(body);
+    else if (path == "/v1/inject") r = on_inject(body);
+    else return error(404, "no such endpoint: " + path);
+    advance();
+    return r;
+  } catch (const BadRequest& e) {
+    return error(400, e.what());
+  }
+}
+
+HttpResponse LiveMaster::on_register(const json& b) {
+  const std::string name = field<std::string>(b, "name");
+  if (name.empty() || name.size() > 253) throw BadRequest("field 'name' must be 1 to 253 characters");
+  if (finished()) return reply(200, json{{"action", "exit"}});
+  for (auto& [id, n] : nodes_)
+    if (n.name == name && !n.gone) return reply(200, assignment(n));  // a retry, or a master restart
+  Node n;
+  n.id = next_node_++;
+  n.name = name;
+  n.host = field_or<std::string>(b, "host", "127.0.0.1");
+  n.last_heartbeat = clock_.now();
+  const NodeId id = n.id;
+  nodes_[id] = n;
+  for (int32_t s = 0; s < world_; ++s)
+    if (slots_[s] < 0) {
+      observe(NodeJoined{id, s, name});  // append() records the slot
+      break;
+    }
+  return reply(200, assignment(nodes_[id]));
+}
+
+json LiveMaster::assignment(const Node& n) const {
+  json out{{"node", n.id}, {"slot", n.slot}, {"heartbeat_interval_ms", spec_.heartbeat_interval / kMillisecond}};
+  const JobState& s = master_.state();
+  if (s.finished() || n.gone) {
+    out["action"] = "exit";
+  } else if (n.slot < 0 || n.slot >= world_ || s.restart_jobs() == 0 || s.phase() == Phase::Scheduling ||
+             s.phase() == Phase::Idle || s.needs_restart() || clock_.now() < run_at_) {
+    out["action"] = "stop";  // a spare, or the world is between restarts: no trainer should run
+  } else {
+    out["action"] = "run";
+    out["restart"] = restart_.restart;
+    out["rank"] = n.slot;
+    out["world_size"] = restart_.world_size;
+    out["master_addr"] = "127.0.0.1";
+    out["master_port"] = rdzv_port_;
+    out["restore_step"] = restart_.restore_step;
+    out["restore_tier"] = std::string(to_string(restart_.restore_tier));
+    out["checkpoint_every_steps"] = plan_.every_steps;
+    out["checkpoint_tier"] = std::string(to_string(plan_.tier));
+    out["persist_every"] = plan_.persist_every;
+    out["total_steps"] = spec_.total_steps;
+    out["job"] = spec_.job;
+    out["command"] = spec_.command;
+    out["env"] = spec_.env;
+    out["storage_dir"] = spec_.storage_dir;
+    out["memory_limit_mb"] = spec_.memory_limit_mb;
+  }
+  if (!n.inject.empty()) out["inject"] = n.inject;
+  return out;
+}
+
+HttpResponse LiveMaster::on_heartbeat(const json& b) {
+  Node* n = node(field<int64_t>(b, "node") > INT32_MAX ? -1 : static_cast<NodeId>(field<int64_t>(b, "node")));
+  if (!n) return error(404, "unknown node: register again");
+  const Time now = clock_.now();
+  n->last_heartbeat = now;
+  if (const auto it = b.find("trainer"); it != b.end() && it->is_object()) {
+    const json& t = *it;
+    Trainer& tr = n->trainer;
+    const int32_t restart = field<int32_t>(t, "restart");
+    if (restart != tr.restart) tr = Trainer{};
+    tr.restart = restart;
+    tr.phase = field<std::string>(t, "phase");
+    tr.pid = field_or<int64_t>(t, "pid", 0);
+    tr.step = field_or<int64_t>(t, "step", 0);
+    tr.last_progress = now - field_or<int64_t>(t, "progress_age_ms", 0) * kMillisecond;
+    tr.stopped = field_or<bool>(t, "stopped", false);
+    tr.saves = field_or<int64_t>(t, "saves", 0);
+    tr.save_blocking_ns = field_or<int64_t>(t, "save_blocking_ns", 0);
+    tr.saved_step = field_or<int64_t>(t, "saved_step", -1);
+    tr.storage_steps = field_or<std::vector<int64_t>>(t, "storage_steps", {});
+    if (const auto l = t.find("loaded"); l != t.end() && l->is_object()) {
+      const auto tier = tier_from(field<std::string>(*l, "tier"));
+      if (!tier) throw BadRequest("field 'loaded.tier' must be none, memory or storage");
+      tr.loaded = CheckpointLoaded{field<int64_t>(*l, "step"), *tier, field<int64_t>(*l, "ns")};
+    }
+    if (const auto x = t.find("exit"); x != t.end() && x->is_object()) {
+      if (!tr.exited) tr.exited_at = now - field_or<int64_t>(*x, "age_ms", 0) * kMillisecond;
+      tr.exited = true;
+      tr.done = field_or<bool>(*x, "done", false);
+      tr.exit_code = field_or<int32_t>(*x, "code", 0);
+      tr.exit_signal = field_or<int32_t>(*x, "signal", 0);
+      tr.exit_reason = field_or<std::string>(*x, "reason", "");
+      tr.phase = "exited";
+    }
+  }
+  advance();
+  if (rdzv_port_ == 0) rdzv_port_ = pick_port();  // a resumed master: the old one's port died with it
+  json out = assignment(*n);
+  n->inject.clear();
+  return reply(200, out);
+}
+
+HttpResponse LiveMaster::on_shards_next(const json& b) {
+  Node* n = node(field<int32_t>(b, "node"));
+  if (!n || n->gone || n->slot < 0) return error(409, "node holds no slot");
+  const Phase phase = master_.state().phase();
+  if (field<int32_t>(b, "restart") != restart_.restart || (phase != Phase::Training && phase != Phase::CheckpointLoad))
+    return error(409, "not training in the current restart");
+  if (ledger_.total() == 0) return error(404, "this job has no data-shard service (data_shards is 0)");
+  const auto next = ledger_.next_queued();
+  if (!next) return reply(200, json{{"shard", nullptr}, {"remaining", ledger_.total() - ledger_.done()}});
+  master_.log(ShardsAssigned{n->id, {*next}});  // durable before the trainer hears of it
+  return reply(200, json{{"shard", *next}, {"of", ledger_.total()}});
+}
+
+HttpResponse LiveMaster::on_shards_complete(const json& b) {
+  Node* n = node(field<int32_t>(b, "node"));
+  if (!n || n->gone) return error(409, "unknown node");
+  const auto shards = field<std::vector<int64_t>>(b, "shards");
+  for (int64_t s : shards)
+    if (!ledger_.assigned_to(s, n->id)) return error(409, "shard " + std::to_string(s) + " is not assigned to this node");
+  if (!shards.empty()) master_.log(ShardsCompleted{n->id, field<int64_t>(b, "step"), shards});
+  return reply(200, json{{"done", ledger_.done()}, {"of", ledger_.total()}});
+}
+
+HttpResponse LiveMaster::on_inject(const json& b) {
+  try {
+    return reply(200, inject(field<std::string>(b, "fault"), field<int32_t>(b, "slot")));
+  } catch (const std::invalid_argument& e) {
+    throw BadRequest(e.what());
+  }
+}
+
+json LiveMaster::inject(const std::string& fault, int32_t slot) {
+  if (fault != "kill-process" && fault != "kill-node" && fault != "hang" && fault != "oom")
+    throw std::invalid_argument("fault must be kill-process, kill-node, hang or oom, not '" + fault + "'");
+  if (slot < 0 || slot >= world_ || slots_[slot] < 0)
+    throw std::invalid_argument("no node holds slot " + std::to_string(slot));
+  Node& n = nodes_[slots_[slot]];
+  n.inject.push_back(fault);
+  return json{{"node", n.id}, {"name", n.name}, {"slot", slot}, {"fault", fault}};
+}
+
+void LiveMaster::stop() { observe(JobFinished{"stopped", newest_step()}); }
+
+// ---- turning reports into observations ------------------------------------------------------------
+
+void LiveMaster::tick() {
+  if (finished()) return;
+  const Time now = clock_.now();
+  if (provider_)
+    for (const std::string& name : provider_->lost())
+      for (auto& [id, n] : nodes_)
+        if (n.name == name && !n.gone && n.slot >= 0 && !finished())
+          observe(FailureObserved{id, FailureKind::NodeLost, 0, 0, "node process exited (" + name + ")", now});
+  for (auto& [id, n] : nodes_)
+    if (!n.gone && n.slot >= 0 && n.slot < world_ && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
+      observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,
+                              "no heartbeat for " + format_duration(now - n.last_heartbeat), n.last_heartbeat});
+  advance();
+}
+
+void LiveMaster::advance() {
+  if (in_advance_) return;
+  in_advance_ = true;
+  struct Guard {
+    bool& b;
+    ~Guard() { b = false; }
+  } guard{in_advance_};
+  for (int round = 0; round < 8 && !finished(); ++round) {
+    const JobState& s = master_.state();
+    const Phase phase = s.phase();
+    const Time now = clock_.now();
+    std::vector<Node*> w = world();
+    if (w.empty() || s.restart_jobs() == 0) return;
+    const int32_t gen = restart_.restart;
+    auto all = [&](auto pred) { return std::all_of(w.begin(), w.end(), [&](Node* n) { return pred(n->trainer); }); };
+    const bool in_restart = phase == Phase::Restart || phase == Phase::Rendezvous || phase == Phase::CheckpointLoad ||
+                            phase == Phase::Training;
+    if (!in_restart) return;
+
+    // Finished: every rank exited cleanly after its last step.
+    if (all([&](const Trainer& t) { return t.restart == gen && t.exited && t.done; })) {
+      int64_t step = 0;
+      for (Node* n : w) step = std::max(step, n->trainer.step);
+      observe(JobFinished{"completed", step});
+      return;
+    }
+
+    // Storage: the newest step every rank has in storage (once the log knows it was saved).
+    {
+      std::optional<int64_t> common;
+      for (int64_t step : w.front()->trainer.storage_steps)
+        if (step > persisted_step_ && step <= saved_step_ && (!common || step > *common) && all([&](const Trainer& t) {
+              return std::find(t.storage_steps.begin(), t.storage_steps.end(), step) != t.storage_steps.end();
+            }))
+          common = step;
+      if (common) {
+        observe(CheckpointPersisted{*common, 1});
+        continue;
+      }
+    }
+
+    // Failures. A failure makes the other ranks fail too (their collectives break); wait a moment
+    // for those reports, then blame the one that looks like the cause.
+    Node* culprit = nullptr;
+    FailureKind kind = FailureKind::ProcessExit;
+    for (Node* n : w) {
+      const Trainer& t = n->trainer;
+      if (t.restart != gen || !t.exited || t.done) continue;
+      if (!settle_until_) settle_until_ = now + spec_.failure_settle;
+      auto score = [](const Trainer& x) { return (x.exit_signal != 0 ? 2 : 0) + (x.exit_reason.find("emory") != std::string::npos ? 1 : 0); };
+      if (!culprit || score(t) > score(culprit->trainer) ||
+          (score(t) == score(culprit->trainer) && t.exited_at < culprit->trainer.exited_at))
+        culprit = n;
+    }
+    if (!culprit && phase != Phase::Restart) {
+      // Hung: alive, no report for hang_timeout. The stopped process, else the one silent longest.
+      for (Node* n : w) {
+        const Trainer& t = n->trainer;
+        if (t.restart != gen || t.exited || now - t.last_progress <= spec_.hang_timeout) continue;
+        if (!culprit || (t.stopped && !culprit->trainer.stopped) ||
+            (t.stopped == culprit->trainer.stopped && t.last_progress < culprit->trainer.last_progress))
+          culprit = n;
+      }
+      if (culprit) kind = FailureKind::Hang;
+    }
+    if (culprit) {
+      if (kind == FailureKind::ProcessExit && settle_until_ && now < *settle_until_) return;  // tick() comes back
+      const Trainer& t = culprit->trainer;
+      settle_until_.reset();
+      if (kind == FailureKind::Hang)
+        observe(FailureObserved{culprit->id, FailureKind::Hang, 0, 0,
+                                "no progress for " + format_duration(now - t.last_progress) + " at step " +
+                                    std::to_string(t.step) + (t.stopped ? " (process stopped)" : ""),
+                                t.last_progress});
+      else
+        observe(FailureObserved{culprit->id, FailureKind::ProcessExit, t.exit_code, t.exit_signal, t.exit_reason,
+                                std::min(t.exited_at, now)});
+      continue;
+    }
+    settle_until_.reset();
+
+    if (phase == Phase::Restart) {
+      if (now >= run_at_ && all([&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 1; })) {
+        observe(ProcessesStarted{restart_.world_size, gen});
+        continue;
+      }
+    } else if (phase == Phase::Rendezvous) {
+      if (all([&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 2; })) {
+        observe(RendezvousComplete{restart_.world_size, gen});
+        continue;
+      }
+    } else if (phase == Phase::CheckpointLoad) {
+      if (all([&](const Trainer& t) { return t.restart == gen && t.loaded; })) {
+        CheckpointLoaded l = *w.front()->trainer.loaded;
+        for (Node* n : w) {
+          l.step = std::min(l.step, n->trainer.loaded->step);
+          l.tier = std::max(l.tier, n->trainer.loaded->tier);
+          l.load_time = std::max(l.load_time, n->trainer.loaded->load_time);
+        }
+        observe(l);
+        continue;
+      }
+    } else if (phase == Phase::Training) {
+      int64_t saves = INT64_MAX, step = INT64_MAX, blocking = 0;
+      for (Node* n : w) {
+        const Trainer& t = n->trainer;
+        saves = std::min(saves, t.restart == gen ? t.saves : 0);
+        step = std::min(step, t.saved_step);
+        blocking = std::max(blocking, t.save_blocking_ns);
+      }
+      if (saves > gen_saves_ && step >= 0) {
+        const int64_t count = saves - gen_saves_;
+        const int64_t per_save = std::max<int64_t>(blocking - gen_blocking_ns_, 0) / count;
+        const bool persist = plan_.tier == Tier::Memory && plan_.persist_every > 0 && saves % plan_.persist_every == 0;
+        observe(CheckpointSaved{step, plan_.tier == Tier::None ? Tier::Memory : plan_.tier, per_save, persist, count});
+        continue;
+      }
+    }
+    return;
+  }
+}
+
+int64_t LiveMaster::newest_step() const {
+  int64_t step = 0;
+  for (const auto& [id, n] : nodes_)
+    if (!n.gone) step = std::max(step, n.trainer.step);
+  return step;
+}
+
+// ---- status and metrics ----------------------------------------------------------------------------
+
+nlohmann::ordered_json LiveMaster::status() const {
+  const JobState& s = master_.state();
+  const Report r = make_report(s);
+  nlohmann::ordered_json out;
+  out["job"] = spec_.job;
+  out["phase"] = [&] {
+    switch (s.phase()) {
+      case Phase::NotStarted: return "not_started";
+      case Phase::Scheduling: return "scheduling";
+      case Phase::Idle: return "idle";
+      case Phase::Restart: return "restarting";
+      case Phase::Rendezvous: return "rendezvous";
+      case Phase::CheckpointLoad: return "loading_checkpoint";
+      case Phase::Training: return "training";
+      case Phase::Finished: return "finished";
+    }
+    return "unknown";
+  }();
+  if (s.finished()) out["finish_reason"] = r.end_reason;
+  out["step"] = newest_step();
+  out["total_steps"] = spec_.total_steps;
+  out["restart"] = restart_.restart;
+  out["world_size"] = world_;
+  out["goodput"] = r.goodput;
+  out["wall_s"] = static_cast<double>(r.wall) / kSecond;
+  out["productive_s"] = static_cast<double>(r.productive) / kSecond;
+  out["failures"] = r.failures;
+  out["events"] = s.last_seq();
+  if (ledger_.total() > 0)
+    out["shards"] = {{"total", ledger_.total()}, {"done", ledger_.done()}, {"queued", ledger_.queued()},
+                     {"duplicates", ledger_.duplicates()}};
+  auto& nodes = out["nodes"] = nlohmann::ordered_json::array();
+  const Time now = clock_.now();
+  for (const auto& [id, n] : nodes_) {
+    if (n.gone) continue;
+    nodes.push_back({{"node", id},
+                     {"name", n.name},
+                     {"slot", n.slot},
+                     {"heartbeat_age_s", static_cast<double>(now - n.last_heartbeat) / kSecond},
+                     {"trainer", {{"restart", n.trainer.restart}, {"phase", n.trainer.phase}, {"pid", n.trainer.pid},
+                                  {"step", n.trainer.step}}}});
+  }
+  return out;
+}
+
+std::string LiveMaster::metrics() const {
+  const JobState& s = master_.state();
+  const Report r = make_report(s);
+  std::ostringstream o;
+  o.precision(9);
+  o << "# HELP goodput_ratio Share of wall time spent on training progress that was kept.\n"
+       "# TYPE goodput_ratio gauge\n"
+    << "goodput_ratio " << r.goodput << "\n"
+    << "# HELP goodput_wall_seconds Wall time of the job so far.\n# TYPE goodput_wall_seconds gauge\n"
+    << "goodput_wall_seconds " << static_cast<double>(r.wall) / kSecond << "\n"
+    << "# HELP goodput_productive_seconds Training time that was kept.\n# TYPE goodput_productive_seconds gauge\n"
+    << "goodput_productive_seconds " << static_cast<double>(r.productive) / kSecond << "\n"
+    << "# HELP goodput_lost_seconds Time lost, by cause.\n# TYPE goodput_lost_seconds gauge\n";
+  for (int l = 0; l < kLossCount; ++l)
+    o << "goodput_lost_seconds{cause=\"" << to_string(static_cast<Loss>(l)) << "\"} "
+      << static_cast<double>(r.loss[l]) / kSecond << "\n";
+  o << "# HELP goodput_failures_total Failures, by diagnosis.\n# TYPE goodput_failures_total counter\n";
+  for (int d = 0; d < kDiagnosisCount; ++d)
+    o << "goodput_failures_total{diagnosis=\"" << to_string(static_cast<Diagnosis>(d)) << "\"} " << r.by_diagnosis[d] << "\n";
+  o << "# HELP goodput_recoveries_total Recovery decisions, by action.\n# TYPE goodput_recoveries_total counter\n";
+  for (int a = 0; a < kRecoveryActionCount; ++a)
+    o << "goodput_recoveries_total{action=\"" << to_string(static_cast<RecoveryAction>(a)) << "\"} " << r.by_action[a] << "\n";
+  o << "# HELP goodput_restarts_total Restarts of the whole job.\n# TYPE goodput_restarts_total counter\n"
+    << "goodput_restarts_total " << r.restarts << "\n";
+  int training = 0, spare = 0, waiting = 0;
+  for (const auto& [id, n] : nodes_) {
+    if (n.gone) continue;
+    if (n.slot < 0) ++spare;
+    else if (n.trainer.phase == "training") ++training;
+    else ++waiting;
+  }
+  o << "# HELP goodput_nodes Nodes, by state.\n# TYPE goodput_nodes gauge\n"
+    << "goodput_nodes{state=\"training\"} " << training << "\n"
+    << "goodput_nodes{state=\"not_training\"} " << waiting << "\n"
+    << "goodput_nodes{state=\"spare\"} " << spare << "\n"
+    << "# HELP goodput_step Newest training step any trainer reported.\n# TYPE goodput_step gauge\n"
+    << "goodput_step " << newest_step() << "\n";
+  return o.str();
+}
+
+}  // namespace goodput::live

@@ -1,0 +1,151 @@
+// The live job master: the engine's JobMaster on a real clock, fed by node agents over HTTP.
+//
+// Agents report state, not deltas: every heartbeat carries the whole status of the node's trainer
+// (restart it runs, phase, step, checkpoints saved, steps in storage, how it exited). The master
+// turns agreement across the world into observations (processes started, rendezvous complete,
+// checkpoint loaded, saved, persisted, job completed), notices failures (an exit, a node that went
+// silent or that the node provider saw die, a trainer that stopped reporting), and answers each
+// heartbeat with what the node should be doing. Everything it needs to go on after a crash is in
+// the event log: a restarted master folds the log and the agents' next heartbeats fill in the rest.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/live/http.h"
+#include "backends/live/job_spec.h"
+#include "engine/clock.h"
+#include "engine/event_store.h"
+#include "engine/job_master.h"
+#include "engine/shard_ledger.h"
+
+namespace goodput::live {
+
+// Where machines come from: the local backend starts agent processes, Kubernetes creates pods.
+class NodeProvider {
+ public:
+  virtual ~NodeProvider() = default;
+  // Start a fresh node that will register itself; memory_permille scales its memory limit.
+  virtual void launch(int32_t memory_permille) = 0;
+  // The node is out of the job: stop it for good (its host memory goes with it).
+  virtual void terminate(const std::string& name) = 0;
+  // Names of nodes the provider saw die since the last call (process gone, pod deleted).
+  virtual std::vector<std::string> lost() = 0;
+};
+
+// The master's clock: nanoseconds since the job started, from the log's epoch (wall clock, read
+// once when the master starts) plus a monotonic clock, so later wall-clock jumps change nothing.
+class LiveClock final : public Clock {
+ public:
+  explicit LiveClock(int64_t epoch_unix_ns, Time not_before = 0);
+  Time now() const override;
+  static int64_t unix_now_ns();
+
+ private:
+  Time base_ = 0;
+  int64_t mono_start_ = 0;
+};
+
+class LiveMaster final : public Backend, public EventSink {
+ public:
+  // With a fresh store, starts the job; with a store that holds a log, resumes it.
+  LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, const Clock& clock, NodeProvider* provider,
+             std::string token);
+
+  HttpResponse handle(const HttpRequest& request);
+  // Timeouts, provider notices, settled failures. Call every few tens of milliseconds.
+  void tick();
+
+  // Hand a fault to the node holding `slot` with its next heartbeat: kill-process, kill-node,
+  // hang or oom. Throws std::invalid_argument for an unknown fault or an empty slot.
+  nlohmann::json inject(const std::string& fault, int32_t slot);
+  // Ends the job now (an operator's Ctrl-C): the log says "stopped".
+  void stop();
+
+  bool resumed() const { return resumed_; }
+  bool finished() const { return master_.state().finished(); }
+  const JobState& state() const { return master_.state(); }
+  const ShardLedger& shards() const { return ledger_; }
+  nlohmann::ordered_json status() const;
+  std::string metrics() const;
+  int64_t newest_step() const;  // highest step any trainer reported
+
+  // Backend: carry out a decision. EventSink: keep the node table in step with the log.
+  void execute(const Event& decision) override;
+  void append(const Event& e) override;
+
+ private:
+  struct Trainer {  // as the agent last reported it
+    int32_t restart = -1;
+    std::string phase = "none";  // none, starting, rendezvous, loaded, training, exited
+    int64_t pid = 0;
+    int64_t step = 0;
+    Time last_progress = 0;
+    bool stopped = false;  // the process is stopped (SIGSTOP), alive but not running
+    int64_t saves = 0;
+    int64_t save_blocking_ns = 0;
+    int64_t saved_step = -1;
+    std::optional<CheckpointLoaded> loaded;
+    std::vector<int64_t> storage_steps;
+    bool exited = false;
+    bool done = false;
+    int32_t exit_code = 0;
+    int32_t exit_signal = 0;
+    std::string exit_reason;
+    Time exited_at = 0;
+  };
+  struct Node {
+    NodeId id = 0;
+    std::string name;
+    std::string host = "127.0.0.1";
+    int32_t slot = -1;  // -1: a spare
+    bool gone = false;  // relaunched: this machine is out of the job for good
+    Time last_heartbeat = 0;
+    Trainer trainer;
+    std::vector<std::string> inject;  // faults to hand to the agent with the next heartbeat
+  };
+
+  HttpResponse on_register(const nlohmann::json& body);
+  HttpResponse on_heartbeat(const nlohmann::json& body);
+  HttpResponse on_shards_next(const nlohmann::json& body);
+  HttpResponse on_shards_complete(const nlohmann::json& body);
+  HttpResponse on_inject(const nlohmann::json& body);
+  nlohmann::json assignment(const Node& n) const;
+  Node* node(NodeId id);
+  std::vector<Node*> world();  // nodes holding slots 0..world-1; empty if a slot is vacant
+  void advance();              // turn agreement across the world into observations
+  void observe(EventPayload p);
+  uint16_t pick_port() const;
+
+  JobSpec spec_;
+  const Clock& clock_;
+  NodeProvider* provider_;
+  std::string token_;
+  SqliteStore& store_;
+  JobMaster master_;
+  ShardLedger ledger_;
+  bool resumed_ = false;
+
+  std::map<NodeId, Node> nodes_;
+  std::vector<NodeId> slots_;             // slot -> node (-1: vacant)
+  std::vector<int32_t> slot_memory_;      // slot -> memory permille for the next node there
+  NodeId next_node_ = 0;
+  int32_t world_ = 0;
+  RestartJob restart_;                    // the newest restart
+  Time run_at_ = 0;                       // trainers of restart_ start at this time (backoff)
+  uint16_t rdzv_port_ = 0;
+  CheckpointPlanSet plan_;
+  int64_t gen_saves_ = 0;                 // saves of this restart already in the log
+  int64_t gen_blocking_ns_ = 0;
+  int64_t persisted_step_ = -1;
+  int64_t saved_step_ = -1;               // newest step a CheckpointSaved in the log names
+  std::optional<Time> settle_until_;      // a failure was seen; diagnose when this passes
+  bool in_advance_ = false;
+};
+
+}  // namespace goodput::live

@@ -1,0 +1,310 @@
+// `goodput run | master | agent | inject`: the live side of the command line.
+#include "cli/live.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "agent/agent.h"
+#include "backends/live/http.h"
+#include "backends/live/live_master.h"
+#include "backends/local/local_nodes.h"
+#include "engine/json_reader.h"
+#include "report/report.h"
+
+namespace goodput {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+using LiveError = ConfigError;  // bad input from the operator: exit code 2
+
+std::string random_token() {
+  unsigned char b[24];
+  std::ifstream in("/dev/urandom", std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(b), sizeof b)) throw LiveError("cannot read /dev/urandom for a token");
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s += hex[c >> 4];
+    s += hex[c & 15];
+  }
+  return s;
+}
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+void write_private(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw LiveError("cannot write " + path);
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
+}
+
+// A scheduled fault: when the job reaches a step, or after some time of training.
+struct Fault {
+  std::string fault;
+  int32_t slot = 0;
+  int64_t at_step = -1;
+  Duration after = -1;
+  bool done = false;
+};
+
+std::vector<Fault> load_faults(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw LiveError(path + ": cannot open faults file");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw LiveError(path + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_array()) throw LiveError(path + ": a faults file is a JSON list of {\"fault\", \"slot\", \"at_step\"|\"after\"}");
+  std::vector<Fault> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    try {
+      ConfigReader r(j[i], "[" + std::to_string(i) + "]");
+      Fault f;
+      f.fault = r.text("fault", "");
+      if (f.fault != "kill-process" && f.fault != "kill-node" && f.fault != "hang" && f.fault != "oom")
+        r.fail("fault", "must be kill-process, kill-node, hang or oom");
+      f.slot = static_cast<int32_t>(r.integer("slot", 0, 0, 4095));
+      f.at_step = r.integer("at_step", -1, 1, INT64_MAX / 2);
+      f.after = r.duration("after", -1);
+      if ((f.at_step >= 0) == (f.after >= 0)) r.fail("at_step", "give exactly one of at_step and after");
+      r.finish();
+      out.push_back(f);
+    } catch (const ConfigError& e) {
+      throw LiveError(path + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+struct ServeOptions {
+  std::string spec_path;
+  std::string run_dir;
+  std::string listen = "127.0.0.1";
+  uint16_t port = 0;
+  bool resume = false;
+  bool local = true;  // run: start agents here; master: wait for agents from elsewhere
+  std::string faults_path;
+  bool quiet = false;
+};
+
+int serve(ServeOptions o) {
+  live::JobSpec spec = live::load_job_spec(o.spec_path);
+  if (o.run_dir.empty()) o.run_dir = "runs/" + spec.job;
+  const fs::path run_dir = fs::absolute(o.run_dir);
+  const std::string db = (run_dir / "events.db").string();
+  if (!o.resume && fs::exists(db))
+    throw LiveError(db + " already holds a job's log: use --resume to continue it, or another --run-dir");
+  if (o.resume && !fs::exists(db)) throw LiveError(db + ": no log to resume");
+  fs::create_directories(run_dir);
+  fs::permissions(run_dir, fs::perms::owner_all, fs::perm_options::replace);
+  if (spec.storage_dir.empty()) spec.storage_dir = (run_dir / "checkpoints").string();
+  spec.storage_dir = fs::absolute(spec.storage_dir).string();
+  std::vector<Fault> faults = o.faults_path.empty() ? std::vector<Fault>{} : load_faults(o.faults_path);
+
+  // The token: the operator's (GOODPUT_TOKEN), the run's (on resume), or a fresh one.
+  std::string token = std::getenv("GOODPUT_TOKEN") ? std::getenv("GOODPUT_TOKEN") : "";
+  if (token.empty() && o.resume) token = read_first_line((run_dir / "token").string());
+  if (token.empty()) token = random_token();
+  write_private((run_dir / "token").string(), token + "\n");
+  // Agents know the master by its URL: a resumed master listens where the old one did.
+  if (o.resume && o.port == 0) {
+    const std::string url = read_first_line((run_dir / "master.url").string());
+    if (!url.empty()) o.port = static_cast<uint16_t>(std::stoi(live::Url::parse(url).port));
+  }
+
+  SqliteStore store(db, o.resume ? SqliteStore::Mode::Open : SqliteStore::Mode::Create);
+  int64_t epoch = 0;
+  if (auto e = store.meta("epoch_unix_ns")) epoch = std::stoll(*e);
+  else {
+    epoch = live::LiveClock::unix_now_ns();
+    store.set_meta("epoch_unix_ns", std::to_string(epoch));
+  }
+  Time last = 0;
+  if (o.resume) store.for_each([&](const Event& e) { last = e.time; });
+  live::LiveClock clock(epoch, last);
+  PolicySet policies = spec.policy.is_null() ? default_policy() : load_policy(spec.policy);
+
+  boost::asio::io_context io;
+  live::LiveMaster* master_ptr = nullptr;
+  live::HttpServer server(io, o.listen, o.port, [&](const live::HttpRequest& r) {
+    if (!master_ptr) return live::HttpResponse{503, "application/json", R"({"error":"starting"})"};
+    return master_ptr->handle(r);
+  });
+  const std::string url = "http://" + (o.listen == "0.0.0.0" ? std::string("127.0.0.1") : o.listen) + ":" +
+                          std::to_string(server.port());
+  write_private((run_dir / "master.url").string(), url + "\n");
+
+  std::optional<local::LocalNodes> nodes;
+  if (o.local) {
+    nodes.emplace(local::LocalNodesOptions{fs::canonical("/proc/self/exe").string(), url, token, spec.job,
+                                            run_dir.string()});
+    if (o.resume) nodes->adopt_existing();
+  }
+  live::LiveMaster master(spec, std::move(policies), store, clock, nodes ? &*nodes : nullptr, token);
+  master_ptr = &master;
+  std::cerr << "goodput: " << (master.resumed() ? "resumed" : "started") << " job " << spec.job << ": master at "
+            << url << ", log " << db << "\n";
+  if (!o.local) std::cerr << "goodput: start agents with: GOODPUT_TOKEN=$(cat " << (run_dir / "token").string()
+                          << ") goodput agent --master " << url << " --name NAME\n";
+
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  bool interrupted = false;
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    interrupted = true;
+    std::cerr << "\ngoodput: interrupted; stopping the job\n";
+    if (!master.finished()) master.stop();
+  });
+
+  boost::asio::steady_timer timer(io);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_print = t0;
+  std::optional<std::chrono::steady_clock::time_point> finished_at;
+  std::string last_line;
+  std::function<void()> tick = [&] {
+    master.tick();
+    const auto now = std::chrono::steady_clock::now();
+    const JobState& s = master.state();
+    for (Fault& f : faults) {
+      if (f.done || s.phase() != Phase::Training) continue;
+      const bool due = f.at_step >= 0 ? master.newest_step() >= f.at_step
+                                      : std::chrono::duration_cast<std::chrono::nanoseconds>(now - t0).count() >= f.after;
+      if (!due) continue;
+      f.done = true;
+      try {
+        master.inject(f.fault, f.slot);
+        std::cerr << "goodput: injected " << f.fault << " into slot " << f.slot << " at step " << master.newest_step() << "\n";
+      } catch (const std::exception& e) {
+        std::cerr << "goodput: could not inject " << f.fault << ": " << e.what() << "\n";
+      }
+    }
+    if (!o.quiet && now - last_print >= std::chrono::seconds(1)) {
+      last_print = now;
+      const auto st = master.status();
+      char line[256];
+      std::snprintf(line, sizeof line, "[%6.1fs] %-18s step %6lld/%lld  restart %d  goodput %5.1f%%  failures %d",
+                    st["wall_s"].get<double>(), st["phase"].get<std::string>().c_str(),
+                    static_cast<long long>(st["step"].get<int64_t>()), static_cast<long long>(spec.total_steps),
+                    st["restart"].get<int>(), 100 * st["goodput"].get<double>(), st["failures"].get<int>());
+      if (line != last_line) std::cerr << line << "\n";
+      last_line = line;
+    }
+    if (master.finished() && !finished_at) finished_at = now;
+    // Agents learn the job is over from their next heartbeat; give them a moment to leave.
+    if (finished_at && (now - *finished_at > std::chrono::seconds(2) || interrupted)) {
+      if (nodes) nodes->shut_down(interrupted ? 500 : 5000);
+      io.stop();
+      return;
+    }
+    timer.expires_after(std::chrono::milliseconds(50));
+    timer.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) tick();
+    });
+  };
+  tick();
+  io.run();
+  store.flush();
+
+  const Report r = make_report(master.state());
+  std::cout << report_text(r);
+  if (master.shards().total() > 0)
+    std::cout << "data shards: " << master.shards().done() << " of " << master.shards().total() << " done, "
+              << master.shards().duplicates() << " trained twice\n";
+  std::cout << "event log: " << db << "  (goodput report " << db << "; goodput replay --from-log " << db << ")\n";
+  const std::string reason = master.state().finish_reason();
+  return reason == "completed" ? 0 : 1;
+}
+
+}  // namespace
+
+void add_live_commands(CLI::App& app, int& rc) {
+  static ServeOptions run_o, master_o;
+  auto* run = app.add_subcommand("run", "Run a job on this machine: master, local nodes and trainers, through failures");
+  run->add_option("job", run_o.spec_path, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
+  run->add_option("--run-dir", run_o.run_dir, "Where the event log, checkpoints and node logs go (default runs/JOB)");
+  run->add_option("--faults", run_o.faults_path, "Faults to inject: [{\"fault\":\"kill-process\",\"slot\":0,\"at_step\":40}]")
+      ->check(CLI::ExistingFile);
+  run->add_option("--port", run_o.port, "Master port (default: any free port; on --resume the old one)");
+  run->add_flag("--resume", run_o.resume, "Continue the job in --run-dir after a master crash");
+  run->add_flag("--quiet", run_o.quiet, "No progress lines");
+  run->callback([&rc] { rc = serve(run_o); });
+
+  auto* master = app.add_subcommand("master", "Run only the job master; agents on other machines connect to it");
+  master->add_option("job", master_o.spec_path, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
+  master->add_option("--run-dir", master_o.run_dir, "Where the event log and token go (default runs/JOB)");
+  master->add_option("--listen", master_o.listen, "Address to listen on")->capture_default_str();
+  master->add_option("--port", master_o.port, "Port (default: any free port; on --resume the old one)");
+  master->add_flag("--resume", master_o.resume, "Continue the job in --run-dir after a master crash");
+  master->add_flag("--quiet", master_o.quiet, "No progress lines");
+  master->callback([&rc] {
+    master_o.local = false;
+    rc = serve(master_o);
+  });
+
+  static agent::AgentOptions ao;
+  auto* ag = app.add_subcommand("agent", "Run the node agent (reads the bearer token from GOODPUT_TOKEN)");
+  ag->add_option("--master", ao.master_url, "Master URL, http://host:port")->required();
+  ag->add_option("--name", ao.name, "This node's name, unique in the job")->required();
+  ag->add_option("--host", ao.host, "Address other ranks reach this node at")->capture_default_str();
+  ag->add_option("--work-dir", ao.work_dir, "Trainer logs and progress files (default ./goodput-agent-NAME)");
+  ag->add_option("--memory-permille", ao.memory_permille, "Scale of the job's memory limit on this node")
+      ->check(CLI::Range(1, 1'000'000));
+  ag->callback([&rc] {
+    const char* t = std::getenv("GOODPUT_TOKEN");
+    if (!t || !*t) throw CLI::ValidationError("GOODPUT_TOKEN", "set GOODPUT_TOKEN to the job's bearer token");
+    ao.token = t;
+    rc = agent::run_agent(ao);
+  });
+
+  static std::string url, fault, token_file;
+  static int32_t slot = 0;
+  auto* inj = app.add_subcommand("inject", "Inject a fault into a live job to rehearse recovery");
+  inj->add_option("fault", fault, "kill-process | kill-node | hang | oom")
+      ->required()
+      ->check(CLI::IsMember({"kill-process", "kill-node", "hang", "oom"}));
+  inj->add_option("slot", slot, "The rank slot whose node gets the fault")->required();
+  inj->add_option("--master", url, "Master URL (default: the one in runs/*/master.url is not guessed)")->required();
+  inj->add_option("--token-file", token_file, "File with the bearer token (default: GOODPUT_TOKEN)");
+  inj->callback([&rc] {
+    std::string token = std::getenv("GOODPUT_TOKEN") ? std::getenv("GOODPUT_TOKEN") : "";
+    if (!token_file.empty()) token = read_first_line(token_file);
+    if (token.empty()) throw CLI::ValidationError("--token-file", "give --token-file or set GOODPUT_TOKEN");
+    const auto r = live::http_call(live::Url::parse(url), "POST", "/v1/inject", token,
+                                   json{{"fault", fault}, {"slot", slot}}.dump(), 5000);
+    if (!r) {
+      std::cerr << "goodput: no answer from " << url << "\n";
+      rc = 1;
+      return;
+    }
+    if (r->status != 200) {
+      std::cerr << "goodput: the master refused: " << r->status << " " << r->body << "\n";
+      rc = 2;
+      return;
+    }
+    std::cout << r->body << "\n";
+    rc = 0;
+  });
+}
+
+}  // namespace goodput

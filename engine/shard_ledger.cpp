@@ -1,0 +1,72 @@
+#include "engine/shard_ledger.h"
+
+#include <type_traits>
+
+namespace goodput {
+
+void ShardLedger::reset(int64_t shards) {
+  state_.assign(static_cast<size_t>(std::max<int64_t>(shards, 0)), Shard{});
+  queued_.clear();
+  for (int64_t i = 0; i < total(); ++i) queued_.insert(queued_.end(), i);
+  done_ = duplicates_ = rejected_ = 0;
+}
+
+std::optional<int64_t> ShardLedger::next_queued() const {
+  if (queued_.empty()) return std::nullopt;
+  return *queued_.begin();
+}
+
+bool ShardLedger::assigned_to(int64_t shard, NodeId node) const {
+  return shard >= 0 && shard < total() && !state_[shard].done && state_[shard].state == node;
+}
+
+void ShardLedger::requeue(int64_t i) {
+  Shard& s = state_[i];
+  if (s.done) --done_;
+  s = Shard{};
+  queued_.insert(i);
+}
+
+void ShardLedger::apply(const Event& e) {
+  std::visit(
+      [&](const auto& p) {
+        using T = std::decay_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, ShardsAssigned>) {
+          for (int64_t i : p.shards) {
+            if (i < 0 || i >= total() || state_[i].done) continue;
+            queued_.erase(i);
+            state_[i].state = p.node;
+          }
+        } else if constexpr (std::is_same_v<T, ShardsCompleted>) {
+          for (int64_t i : p.shards) {
+            if (i < 0 || i >= total()) {
+              ++rejected_;
+              continue;
+            }
+            Shard& s = state_[i];
+            if (s.done) {
+              ++duplicates_;
+            } else if (s.state != p.node) {
+              ++rejected_;
+              continue;
+            } else {
+              ++done_;
+            }
+            s.done = true;
+            s.state = p.node;
+            s.step = p.step;
+          }
+        } else if constexpr (std::is_same_v<T, RestartJob>) {
+          // Trainers restart: whatever they held and did not finish goes back to the queue.
+          for (int64_t i = 0; i < total(); ++i)
+            if (!state_[i].done && state_[i].state != kQueued) requeue(i);
+        } else if constexpr (std::is_same_v<T, CheckpointLoaded>) {
+          // Work done after the loaded step is gone from the model: do it again.
+          for (int64_t i = 0; i < total(); ++i)
+            if (state_[i].done && state_[i].step > p.step) requeue(i);
+        }
+      },
+      e.payload);
+}
+
+}  // namespace goodput

@@ -1,0 +1,160 @@
+"""The trainer's side of a live Goodput job.
+
+The node agent starts the trainer with the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...)
+plus GOODPUT_* variables; Session reads them and tells the agent what the trainer is doing by
+appending JSON lines to GOODPUT_PROGRESS_FILE (the agent forwards them in its heartbeats):
+
+    from goodput.live import Session
+    s = Session()
+    dist.init_process_group("gloo"); s.rendezvous_done()
+    step, state = s.restore()                 # the step every rank can load, agreed by a collective
+    for step in range(step + 1, s.total_steps + 1):
+        shard = s.next_shard()                # dynamic data sharding (None: no shard service)
+        ... train ...
+        s.step_done(step, loss)
+        if s.should_save(step):
+            s.save(step, state)               # flash checkpoint; finished shards are acknowledged
+    s.done(step)
+
+Outside a Goodput job (no GOODPUT_PROGRESS_FILE) every call still works: nothing is reported,
+checkpoints go to the directory given by GOODPUT_STORAGE_DIR if any.
+"""
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+
+from goodput.checkpoint import FlashCheckpoint
+
+
+def _int(name, default=0):
+    v = os.environ.get(name, "")
+    return int(v) if v else default
+
+
+class Session:
+    def __init__(self):
+        e = os.environ
+        self.rank = _int("RANK")
+        self.world_size = _int("WORLD_SIZE", 1)
+        self.restart = _int("GOODPUT_RESTART")
+        self.node = _int("GOODPUT_NODE", -1)
+        self.job = e.get("GOODPUT_JOB") or e.get("TORCHELASTIC_RUN_ID") or "job"
+        self.total_steps = _int("GOODPUT_TOTAL_STEPS")
+        self.checkpoint_every = _int("GOODPUT_CHECKPOINT_EVERY")
+        self.persist_every = _int("GOODPUT_PERSIST_EVERY")
+        self.restore_step = _int("GOODPUT_RESTORE_STEP")
+        self.restore_tier = e.get("GOODPUT_RESTORE_TIER", "none")
+        self._master = e.get("GOODPUT_MASTER", "")
+        self._token = e.get("GOODPUT_TOKEN", "")
+        path = e.get("GOODPUT_PROGRESS_FILE", "")
+        self._progress = open(path, "a", buffering=1) if path else None
+        self.ckpt = FlashCheckpoint(self.job, self.rank, self.world_size,
+                                    storage_dir=e.get("GOODPUT_STORAGE_DIR", ""),
+                                    shm_prefix=e.get("GOODPUT_SHM_PREFIX", ""),
+                                    peers_share_memory=False)
+        self._saves = 0
+        self._finished_shards = []  # done since the last save: acknowledged with it
+        self.loaded_from = None
+        self.report("started")
+
+    # ---- reporting ----
+    def report(self, event, **fields):
+        if self._progress:
+            fields["event"] = event
+            self._progress.write(json.dumps(fields) + "\n")
+
+    def rendezvous_done(self):
+        self.report("rendezvous")
+
+    def step_done(self, step, loss=None):
+        self.report("step", step=step, **({"loss": float(loss)} if loss is not None else {}))
+
+    def done(self, step, **fields):
+        self.report("done", step=step, **fields)
+
+    # ---- checkpoints ----
+    def restore(self):
+        """Agrees with every rank on the newest step all of them can load (memory, else storage),
+        loads it, and returns (step, state); (0, None) for a fresh start."""
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        have = {}
+        if self.restore_tier != "storage":  # the policy may forbid memory restores
+            for s in self.ckpt.memory_steps():
+                have[s] = "memory"
+        for s in self.ckpt.complete_storage_steps():
+            have.setdefault(s, "storage")
+        everyone = [None] * self.world_size
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_gather_object(everyone, sorted(have))
+        else:
+            everyone = [sorted(have)]
+        common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+        if not common:
+            self.report("loaded", step=0, tier="none", seconds=time.perf_counter() - t0)
+            self.loaded_from = ("none", 0)
+            return 0, None
+        step = max(common)
+        loaded_step, state = self.ckpt.load(step)
+        tier = self.ckpt.last_load.get("tier", have[step])
+        # Every rank reports the worst tier any rank used, so the master sees one answer.
+        tiers = [None] * self.world_size
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_gather_object(tiers, tier)
+        else:
+            tiers = [tier]
+        tier = "storage" if "storage" in tiers else "memory"
+        self.loaded_from = (tier, loaded_step)
+        self.report("loaded", step=loaded_step, tier=tier, seconds=time.perf_counter() - t0)
+        return loaded_step, state
+
+    def should_save(self, step):
+        return self.checkpoint_every > 0 and step % self.checkpoint_every == 0 or step == self.total_steps
+
+    def save(self, step, state):
+        """Flash checkpoint of this rank; then the shards finished since the last save are
+        acknowledged as part of it."""
+        stats = self.ckpt.save(step, state)
+        self._saves += 1
+        persist = self.persist_every > 0 and self._saves % self.persist_every == 0 or step == self.total_steps
+        self.report("saved", step=step, blocking_s=stats["seconds"], persist=persist)
+        if self._finished_shards:
+            self._call("/v1/shards/complete", {"node": self.node, "restart": self.restart, "step": step,
+                                               "shards": self._finished_shards})
+            self._finished_shards = []
+        return stats
+
+    # ---- data shards ----
+    def next_shard(self):
+        """The next data shard id for this rank, or None when the service has none (or the job
+        has no shard service). The shard counts as done at the next save()."""
+        if not self._master:
+            return None
+        r = self._call("/v1/shards/next", {"node": self.node, "restart": self.restart}, allow=(404,))
+        if r is None or r.get("shard") is None:
+            return None
+        self._finished_shards.append(r["shard"])
+        return r["shard"]
+
+    def _call(self, path, body, allow=()):
+        req = urllib.request.Request(self._master + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": "Bearer " + self._token,
+                                              "Content-Type": "application/json"})
+        for attempt in range(50):  # the master may be restarting: keep trying for ~10 s
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as err:
+                if err.code in allow:
+                    return None
+                if err.code == 409 or err.code >= 500:
+                    time.sleep(0.2)
+                    continue
+                raise RuntimeError(f"goodput master refused {path}: {err.code} {err.read()[:200]!r}") from err
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.2)
+        raise RuntimeError(f"goodput master at {self._master} did not answer {path}")
