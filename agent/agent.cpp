@@ -309,7 +309,8 @@ class Agent {
     t.err_path = tag + "-stderr.log";
     t.error_path = tag + "-error.json";
     for (const auto& p : {t.progress_path, t.error_path}) ::unlink(p.c_str());
-    const std::string shm_prefix = "/goodput-" + job + "-" + o_.name;
+    const std::string run_id = a.value("run_id", std::string("0"));
+    const std::string shm_prefix = "/goodput-" + job + "-" + run_id + "-" + o_.name;
     const std::string storage = a.value("storage_dir", std::string());
     ckpt::Options co;
     co.job = job;
@@ -339,7 +340,7 @@ class Agent {
     set("MASTER_PORT", std::to_string(a.value("master_port", 29500)));
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(t.restart));
     set("TORCHELASTIC_MAX_RESTARTS", "1000000");
-    set("TORCHELASTIC_RUN_ID", job);
+    set("TORCHELASTIC_RUN_ID", job + "-" + run_id);
     set("TORCHELASTIC_ERROR_FILE", t.error_path);
     set("GOODPUT_MASTER", o_.master_url);
     set("GOODPUT_NODE", std::to_string(node_));

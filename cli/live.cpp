@@ -157,11 +157,12 @@ int serve(ServeOptions o) {
 
   std::optional<local::LocalNodes> nodes;
   if (o.local) {
-    nodes.emplace(local::LocalNodesOptions{fs::canonical("/proc/self/exe").string(), url, token, spec.job,
-                                            run_dir.string()});
+    nodes.emplace(local::LocalNodesOptions{fs::canonical("/proc/self/exe").string(), url, token,
+                                            spec.job + "-" + std::to_string(epoch / kSecond), run_dir.string()});
     if (o.resume) nodes->adopt_existing();
   }
-  live::LiveMaster master(spec, std::move(policies), store, clock, nodes ? &*nodes : nullptr, token);
+  const std::string run_id = std::to_string(epoch / kSecond);
+  live::LiveMaster master(spec, std::move(policies), store, clock, nodes ? &*nodes : nullptr, token, run_id);
   master_ptr = &master;
   std::cerr << "goodput: " << (master.resumed() ? "resumed" : "started") << " job " << spec.job << ": master at "
             << url << ", log " << db << "\n";
@@ -213,7 +214,11 @@ int serve(ServeOptions o) {
     if (master.finished() && !finished_at) finished_at = now;
     // Agents learn the job is over from their next heartbeat; give them a moment to leave.
     if (finished_at && (now - *finished_at > std::chrono::seconds(2) || interrupted)) {
-      if (nodes) nodes->shut_down(interrupted ? 500 : 5000);
+      if (nodes) {
+        nodes->shut_down(interrupted ? 500 : 5000);
+        // The job is over and storage has its checkpoints: free this run's host memory.
+        if (master.finished()) local::remove_shm_with_prefix("goodput-" + spec.job + "-" + run_id + "-");
+      }
       io.stop();
       return;
     }

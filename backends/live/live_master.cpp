@@ -75,11 +75,12 @@ int phase_rank(const std::string& p) {
 // ---- construction and the log ---------------------------------------------------------------------
 
 LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, const Clock& clock,
-                       NodeProvider* provider, std::string token)
+                       NodeProvider* provider, std::string token, std::string run_id)
     : spec_(std::move(spec)),
       clock_(clock),
       provider_(provider),
       token_(std::move(token)),
+      run_id_(std::move(run_id)),
       store_(store),
       master_(std::move(policies), clock, *this, {&store, this}, JobMaster::Options{.flush_before_acting = true}) {
   ledger_.reset(spec_.data_shards);
@@ -264,6 +265,7 @@ json LiveMaster::assignment(const Node& n) const {
     out["persist_every"] = plan_.persist_every;
     out["total_steps"] = spec_.total_steps;
     out["job"] = spec_.job;
+    out["run_id"] = run_id_;
     out["command"] = spec_.command;
     out["env"] = spec_.env;
     out["storage_dir"] = spec_.storage_dir;

@@ -54,8 +54,10 @@ class LiveClock final : public Clock {
 class LiveMaster final : public Backend, public EventSink {
  public:
   // With a fresh store, starts the job; with a store that holds a log, resumes it.
+  // run_id: unique to this run of the job (survives master restarts); it names the run's shared
+  // memory, so a new run never loads an old run's checkpoints.
   LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, const Clock& clock, NodeProvider* provider,
-             std::string token);
+             std::string token, std::string run_id);
 
   HttpResponse handle(const HttpRequest& request);
   // Timeouts, provider notices, settled failures. Call every few tens of milliseconds.
@@ -126,6 +128,7 @@ class LiveMaster final : public Backend, public EventSink {
   const Clock& clock_;
   NodeProvider* provider_;
   std::string token_;
+  std::string run_id_;
   SqliteStore& store_;
   JobMaster master_;
   ShardLedger ledger_;

@@ -17,7 +17,7 @@ struct LocalNodesOptions {
   std::string agent_binary;  // the goodput executable
   std::string master_url;
   std::string token;         // handed to agents through the environment, not argv
-  std::string job;
+  std::string job;           // job name and run id: "<job>-<run id>", as in shared-memory names
   std::string run_dir;       // <run_dir>/nodes/<name>/ holds each agent's log and trainer files
 };
 
