@@ -230,7 +230,10 @@ class Agent {
       if (r && status == 200) {
         node_ = r->value("node", -1);
         interval_ = std::chrono::milliseconds(r->value("heartbeat_interval_ms", 250));
-        log(o_.name, "registered as node " + std::to_string(node_) + ", slot " + std::to_string(r->value("slot", -1)));
+        char mem[32];
+        std::snprintf(mem, sizeof mem, "%.2g", o_.memory_permille / 1000.0);
+        log(o_.name, "registered as node " + std::to_string(node_) + ", slot " + std::to_string(r->value("slot", -1)) +
+                         ", memory x" + mem);
         return true;
       }
       if (r && status >= 400 && status != 503) {

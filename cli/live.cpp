@@ -147,10 +147,17 @@ int serve(ServeOptions o) {
 
   boost::asio::io_context io;
   live::LiveMaster* master_ptr = nullptr;
-  live::HttpServer server(io, o.listen, o.port, [&](const live::HttpRequest& r) {
-    if (!master_ptr) return live::HttpResponse{503, "application/json", R"({"error":"starting"})"};
-    return master_ptr->handle(r);
-  });
+  std::optional<live::HttpServer> server_holder;
+  try {
+    server_holder.emplace(io, o.listen, o.port, [&](const live::HttpRequest& r) {
+      if (!master_ptr) return live::HttpResponse{503, "application/json", R"({"error":"starting"})"};
+      return master_ptr->handle(r);
+    });
+  } catch (const std::runtime_error& e) {
+    std::cerr << "goodput: " << e.what() << "\n";
+    return 1;
+  }
+  live::HttpServer& server = *server_holder;
   const std::string url = "http://" + (o.listen == "0.0.0.0" ? std::string("127.0.0.1") : o.listen) + ":" +
                           std::to_string(server.port());
   write_private((run_dir / "master.url").string(), url + "\n");

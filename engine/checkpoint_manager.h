@@ -44,6 +44,12 @@ class CheckpointManager {
   void on_persisted(int64_t step);
   // A node's host memory is gone (relaunch): memory checkpoints are incomplete across ranks.
   void on_memory_lost() { memory_.valid = false; }  // its step and progress still anchor older steps
+  // A node leaves with its agent alive (a crashed or hung trainer, a planned replacement): the
+  // agent persists the newest memory checkpoint before it goes, so storage has that step.
+  void on_memory_persisted_on_exit() {
+    if (memory_.valid && (!storage_.valid || storage_.step < memory_.step)) storage_ = memory_;
+    memory_.valid = false;
+  }
 
   const CheckpointRef& newest_in_memory() const { return memory_; }
   const CheckpointRef& newest_in_storage() const { return storage_; }

@@ -123,6 +123,7 @@ void JobState::apply(const Event& e) {
           }
           ++failures_;
           ++failures_since_checkpoint_;
+          last_failure_kind_ = p.kind;
           grow(node_failures_, p.node, 0);
           if (p.node >= 0) ++node_failures_[p.node];
           stage_ = Stage::None;
@@ -172,7 +173,10 @@ void JobState::apply(const Event& e) {
             last_backoff_ = p.backoff;
             if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory) {
               set_held(p.node, false);
-              checkpoints_.on_memory_lost();
+              // A lost node takes its host memory along; any other leaves with its agent alive.
+              if (p.diagnosis != Diagnosis::Straggler && last_failure_kind_ == FailureKind::NodeLost)
+                checkpoints_.on_memory_lost();
+              else checkpoints_.on_memory_persisted_on_exit();
               stage_ = Stage::None;  // a planned replacement (a straggler) stops training too
             } else if (p.action == RecoveryAction::GiveUp) {
               gave_up_ = true;

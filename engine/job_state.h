@@ -116,6 +116,7 @@ class JobState {
   int32_t restart_jobs_ = 0;
 
   int32_t failures_ = 0;
+  FailureKind last_failure_kind_ = FailureKind::NodeLost;  // a planned replacement has none: see RecoveryDecided
   int32_t failures_since_checkpoint_ = 0;
   Duration last_backoff_ = 0;
   std::array<int32_t, kDiagnosisCount> by_diagnosis_{};

@@ -4,6 +4,7 @@
 // answers "what would that policy have done with this run".
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "sim/from_log.h"
 
@@ -13,7 +14,8 @@ namespace {
 Duration median(std::vector<Duration> v, Duration fallback) {
   if (v.empty()) return fallback;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : v[n / 2 - 1] + (v[n / 2] - v[n / 2 - 1]) / 2;  // two samples: their mean
 }
 
 }  // namespace
@@ -28,7 +30,9 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
   std::map<NodeId, int32_t> machine;  // log node id -> trace machine index
   std::vector<NodeId> later;          // nodes first seen after the first world, in order
   std::map<NodeId, int32_t> initial_slot;
-  std::vector<Duration> restart, rendezvous, scheduling, exit_detect, heartbeat, hang, repair;
+  std::vector<Duration> restart, rendezvous, scheduling, exit_detect, heartbeat, hang, repair, step_time;
+  // The job's real speed: time per step between two checkpoints of one training segment.
+  std::optional<std::pair<Time, int64_t>> segment_save;  // (time, step) of the last save, if training since
   std::map<NodeId, Time> relaunched_at, failed_at;
   Time restart_at = -1, processes_at = -1;
   Duration restart_delay = 0;
@@ -62,7 +66,14 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
           } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
             if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory)
               relaunched_at[p.node] = e.time;
+          } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
+            if (segment_save && p.step > segment_save->second && p.count == 1)
+              step_time.push_back((e.time - segment_save->first - p.blocking) / (p.step - segment_save->second));
+            segment_save = {e.time, p.step};
+          } else if constexpr (std::is_same_v<T, CheckpointLoaded>) {
+            segment_save = {e.time, p.step};
           } else if constexpr (std::is_same_v<T, RestartJob>) {
+            segment_save.reset();
             first_world_done = true;
             restart_at = e.time;
             restart_delay = p.delay;
@@ -72,6 +83,7 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
           } else if constexpr (std::is_same_v<T, RendezvousComplete>) {
             if (processes_at >= 0) rendezvous.push_back(e.time - processes_at);
           } else if constexpr (std::is_same_v<T, FailureObserved>) {
+            segment_save.reset();
             if (p.reason == "node unreachable during restart") return;  // a consequence, not a cause
             TraceEvent te;
             te.t = std::max<Time>(0, std::min(p.stalled_since, e.time) - start);
@@ -138,6 +150,8 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
   t.job.duration = std::max<Duration>(end - start, kMicrosecond);
   t.job.node_scheduling = median(scheduling, d.node_scheduling);
   t.job.process_restart = median(restart, d.process_restart);
+  // A live log measured its steps; a simulated one has them exactly (the same value comes back).
+  if (step_time.size() >= 2) t.job.step_time = std::max<Duration>(median(step_time, t.job.step_time), 1);
   t.job.rendezvous = median(rendezvous, d.rendezvous);
   t.job.exit_detection = median(exit_detect, d.exit_detection);
   t.job.heartbeat_timeout = median(heartbeat, d.heartbeat_timeout);

@@ -1,5 +1,7 @@
 #include "backends/live/http.h"
 
+#include <fcntl.h>
+
 #include <chrono>
 #include <stdexcept>
 
@@ -94,7 +96,10 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   void accept() {
     acceptor.async_accept([self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
-      if (!ec) std::make_shared<Session>(std::move(socket), self->handler, self->body_limit)->read();
+      if (!ec) {
+        ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
+        std::make_shared<Session>(std::move(socket), self->handler, self->body_limit)->read();
+      }
       self->accept();
     });
   }
@@ -108,6 +113,9 @@ HttpServer::HttpServer(asio::io_context& io, const std::string& address, uint16_
     : impl_(std::make_shared<Impl>(io, std::move(handler), body_limit)) {
   const tcp::endpoint ep(asio::ip::make_address(address), port);
   impl_->acceptor.open(ep.protocol());
+  // Processes this one starts (agents, trainers) must not inherit the listening socket: a master
+  // restarted after a crash has to bind this port again while they live on.
+  ::fcntl(impl_->acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
   impl_->acceptor.set_option(asio::socket_base::reuse_address(true));
   beast::error_code ec;
   impl_->acceptor.bind(ep, ec);

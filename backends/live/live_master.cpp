@@ -432,10 +432,15 @@ void LiveMaster::advance() {
         culprit = n;
     }
     if (!culprit && phase != Phase::Restart) {
-      // Hung: alive, no report for hang_timeout. The stopped process, else the one silent longest.
+      // Hung: alive, no report for hang_timeout. One hung rank stalls them all (collectives wait
+      // for it), so blame a stopped process if there is one, else the one silent longest.
+      const bool hung = std::any_of(w.begin(), w.end(), [&](Node* n) {
+        const Trainer& t = n->trainer;
+        return t.restart == gen && !t.exited && now - t.last_progress > spec_.hang_timeout;
+      });
       for (Node* n : w) {
         const Trainer& t = n->trainer;
-        if (t.restart != gen || t.exited || now - t.last_progress <= spec_.hang_timeout) continue;
+        if (!hung || t.restart != gen || t.exited) continue;
         if (!culprit || (t.stopped && !culprit->trainer.stopped) ||
             (t.stopped == culprit->trainer.stopped && t.last_progress < culprit->trainer.last_progress))
           culprit = n;

@@ -1,0 +1,277 @@
+"""Live mode end to end, with real processes: `goodput run` starts the master, the local backend
+starts one agent process per node, the agents start real PyTorch DDP trainers (gloo, CPU), and
+faults are real signals (SIGKILL, SIGSTOP) and a real memory limit (prlimit). Every assertion reads
+what the job left behind: the SQLite event log, the trainers' progress files, the checkpoints."""
+
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOODPUT = os.environ.get("GOODPUT_BINARY", os.path.join(ROOT, "build", "goodput"))
+PYTHONPATH = os.environ.get("PYTHONPATH", os.path.join(ROOT, "build", "python"))
+
+
+def spec(**over):
+    s = {
+        "job": "livetest",
+        "nodes": 2,
+        "command": ["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ddp.py"),
+                    "--step-seconds", "0.03", "--hidden", "64"],
+        "env": {"PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"},
+        "total_steps": 160,
+        "step_time": "30ms",
+        "policy": os.path.join(ROOT, "examples/pytorch/policy.json"),
+        "heartbeat_interval": "200ms",
+        "heartbeat_timeout": "6s",
+        "hang_timeout": "6s",
+    }
+    s.update(over)
+    return s
+
+
+class LiveRun:
+    def __init__(self, test, job, faults=None):
+        self.dir = tempfile.mkdtemp(prefix="goodput-live-")
+        test.addCleanup(subprocess.run, ["rm", "-rf", self.dir])
+        self.job_path = os.path.join(self.dir, "job.json")
+        with open(self.job_path, "w") as f:
+            json.dump(job, f)
+        self.run_dir = os.path.join(self.dir, "run")
+        self.db = os.path.join(self.run_dir, "events.db")
+        self.args = [GOODPUT, "run", self.job_path, "--run-dir", self.run_dir]
+        if faults:
+            self.faults_path = os.path.join(self.dir, "faults.json")
+            with open(self.faults_path, "w") as f:
+                json.dump(faults, f)
+            self.args += ["--faults", self.faults_path]
+
+    def run(self, timeout=240, resume=False):
+        out = subprocess.run(self.args + (["--resume"] if resume else []), capture_output=True, text=True,
+                             timeout=timeout)
+        self.stdout, self.stderr = out.stdout, out.stderr
+        return out.returncode
+
+    def start(self):
+        return subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def events(self):
+        out = subprocess.run([GOODPUT, "report", self.db, "--format", "events"], capture_output=True, text=True,
+                             check=True)
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    def report(self):
+        out = subprocess.run([GOODPUT, "report", self.db, "--format", "json"], capture_output=True, text=True,
+                             check=True)
+        return json.loads(out.stdout)
+
+    def progress(self):
+        """{(node name, restart): [progress records]}"""
+        out = {}
+        nodes = os.path.join(self.run_dir, "nodes")
+        for name in sorted(os.listdir(nodes)):
+            for f in os.listdir(os.path.join(nodes, name)):
+                if f.endswith("-progress.jsonl"):
+                    restart = int(f[1:].split("-")[0])
+                    with open(os.path.join(nodes, name, f)) as fh:
+                        out[(name, restart)] = [json.loads(l) for l in fh if l.strip()]
+        return out
+
+    def url(self):
+        with open(os.path.join(self.run_dir, "master.url")) as f:
+            return f.read().strip()
+
+    def token(self):
+        with open(os.path.join(self.run_dir, "token")) as f:
+            return f.read().strip()
+
+
+def of_type(events, t):
+    return [e["data"] for e in events if e["type"] == t]
+
+
+def losses(records):
+    return {r["step"]: r["loss"] for r in records if r.get("event") == "step"}
+
+
+class LiveTest(unittest.TestCase):
+    def diag(self, run):
+        return f"\n--- stderr:\n{run.stderr[-3000:]}\n--- stdout:\n{run.stdout[-2000:]}"
+
+    def test_kill_process_restores_from_memory_and_the_loss_curve_continues(self):
+        kill_at = random.Random(os.getpid()).randint(45, 95)
+        run = LiveRun(self, spec(), [{"fault": "kill-process", "slot": 1, "at_step": kill_at}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual(len(failures), 1, failures)
+        self.assertEqual(failures[0]["kind"], "process_exit")
+        self.assertEqual(failures[0]["signal"], signal.SIGKILL)
+        decided = of_type(ev, "recovery_decided")
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("software_error", "restart_process")])
+        self.assertEqual(len(of_type(ev, "node_joined")), 2, "no node was relaunched")
+        loaded = of_type(ev, "checkpoint_loaded")
+        self.assertEqual(loaded[1]["tier"], "memory")
+        restored = loaded[1]["step"]
+        self.assertTrue(0 < restored <= kill_at + 5 and restored % 20 == 0, (restored, kill_at))
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
+        prog = run.progress()
+        by_node = {}
+        for (name, restart), recs in prog.items():
+            by_node.setdefault(name, {})[restart] = recs
+        self.assertEqual(len(by_node), 2)
+        for name, gens in by_node.items():
+            # Every rank loaded the same step, from memory, and went on from there.
+            load = [r for r in gens[1] if r["event"] == "loaded"][0]
+            self.assertEqual((load["step"], load["tier"]), (restored, "memory"), name)
+            before, after = losses(gens[0]), losses(gens[1])
+            self.assertEqual(min(after), restored + 1)
+            overlap = [s for s in after if s in before]
+            self.assertTrue(overlap, "the restarted run re-did steps the killed one had done")
+            for s in overlap:  # bit-identical: same model, optimizer and data at every step
+                self.assertEqual(before[s], after[s], f"{name} step {s}")
+            self.assertEqual(max(after), 160)
+
+        # The live report and the simulator's replay of the same log agree.
+        live = run.report()
+        sim = json.loads(subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json",
+                                         "--policy", os.path.join(ROOT, "examples/pytorch/policy.json")],
+                                        capture_output=True, text=True, check=True).stdout)
+        self.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.02, msg=(live, sim))
+
+    def test_kill_node_relaunches_it_and_every_shard_is_trained_once(self):
+        # 160 steps x 2 ranks, one shard per rank-step: the dataset is exactly one pass.
+        run = LiveRun(self, spec(data_shards=320), [{"fault": "kill-node", "slot": 0, "at_step": 70}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual([f["kind"] for f in failures], ["node_lost"], failures)
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
+                         [("hardware_error", "relaunch_node")])
+        joined = of_type(ev, "node_joined")
+        self.assertEqual([j["slot"] for j in joined], [0, 1, 0])
+        self.assertNotEqual(joined[2]["name"], joined[0]["name"], "a fresh node identity")
+        loaded = of_type(ev, "checkpoint_loaded")[1]
+        self.assertEqual(loaded["tier"], "storage", "the new node has no host memory of the old one")
+        self.assertEqual(of_type(ev, "processes_started")[-1]["world_size"], 2, "world size restored")
+
+        # Exactly once: the ledger's view, and the samples the final model was trained on.
+        assigned = 0
+        for e in ev:
+            if e["type"] == "shards_assigned":
+                assigned += len(e["data"]["shards"])
+        self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
+        finals = [r for recs in run.progress().values() for r in recs if r.get("event") == "done"]
+        self.assertEqual({r["samples"] for r in finals}, {320 * 64}, finals)
+        self.assertGreater(assigned, 320, "the failure made some shards go round twice")
+
+    def test_oom_relaunches_with_more_memory_and_a_hang_is_detected(self):
+        run = LiveRun(self, spec(total_steps=200, command=spec()["command"] + ["--oom-mb", "64"]),
+                      [{"fault": "oom", "slot": 0, "at_step": 50}, {"fault": "hang", "slot": 1, "at_step": 130}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        decided = of_type(ev, "recovery_decided")
+        self.assertEqual([(d["diagnosis"], d["action"], d["memory_permille"]) for d in decided],
+                         [("out_of_memory", "relaunch_with_more_memory", 1500), ("unknown", "restart_process", 1000)])
+        self.assertIn("can't allocate memory", failures[0]["reason"])
+        hang = failures[1]
+        self.assertEqual(hang["kind"], "hang")
+        self.assertIn("process stopped", hang["reason"])
+        hang_event = [e for e in ev if e["type"] == "failure_observed"][1]
+        # Detected after hang_timeout (6 s) of silence; the blamed rank may have reported a step
+        # later than the first rank to fall silent.
+        self.assertGreaterEqual(hang_event["t"] - hang["stalled_since_ns"], 5_000_000_000)
+        # The replacement node runs with 1.5x the memory limit.
+        nodes = os.path.join(run.run_dir, "nodes")
+        third = sorted(os.listdir(nodes))[-1]
+        with open(os.path.join(nodes, third, "agent.log")) as f:
+            self.assertIn("memory x1.5", f.read())
+
+    def test_master_killed_mid_run_resumes_from_its_log(self):
+        run = LiveRun(self, spec(total_steps=200, data_shards=400))
+        proc = run.start()
+        try:
+            deadline = time.time() + 120
+            step = 0
+            while time.time() < deadline and step < 60:
+                time.sleep(0.3)
+                try:
+                    with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
+                        step = json.loads(r.read())["step"]
+                except (OSError, ValueError):
+                    pass
+            self.assertGreaterEqual(step, 60, "the job never got going")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        with sqlite3.connect(run.db) as db:  # what the dead master had acknowledged
+            before = db.execute("SELECT seq, time_ns, type, payload FROM events ORDER BY seq").fetchall()
+        time.sleep(1)  # agents keep their trainers running without a master
+        self.assertEqual(run.run(resume=True), 0, self.diag(run))
+        with sqlite3.connect(run.db) as db:
+            after = db.execute("SELECT seq, time_ns, type, payload FROM events ORDER BY seq").fetchall()
+        self.assertEqual(after[:len(before)], before, "nothing the old master logged was lost or changed")
+        ev = run.events()
+        self.assertEqual(len(of_type(ev, "restart_job")), 1, "healthy trainers were not restarted")
+        self.assertEqual(of_type(ev, "failure_observed"), [])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        self.assertIn("400 of 400 done, 0 trained twice", run.stdout)
+
+    def test_the_api_wants_the_token_and_bounds_bodies(self):
+        run = LiveRun(self, spec(total_steps=100000, step_time="1s"))
+        proc = subprocess.Popen([GOODPUT, "master", run.job_path, "--run-dir", run.run_dir, "--quiet"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(100):
+                if os.path.exists(os.path.join(run.run_dir, "master.url")):
+                    break
+                time.sleep(0.1)
+            time.sleep(0.2)
+            url = run.url()
+
+            def post(path, body, token):
+                req = urllib.request.Request(url + path, data=body, method="POST",
+                                             headers={"Authorization": "Bearer " + token} if token else {})
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as r:
+                        return r.status, json.loads(r.read())
+                except urllib.error.HTTPError as e:
+                    return e.code, json.loads(e.read() or b"{}")
+
+            self.assertEqual(post("/v1/register", b'{"name":"x"}', None)[0], 401)
+            self.assertEqual(post("/v1/register", b'{"name":"x"}', "wrong")[0], 401)
+            # A body over the 1 MiB limit is refused from its Content-Length, before it is read.
+            host, port = url[len("http://"):].split(":")
+            with socket.create_connection((host, int(port)), timeout=5) as sk:
+                sk.sendall(("POST /v1/register HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + run.token() +
+                            "\r\nContent-Length: 2097152\r\n\r\n").encode() + b"x" * 1000)
+                self.assertTrue(sk.recv(4096).startswith(b"HTTP/1.1 413"))
+            code, body = post("/v1/register", b'{"name": 5}', run.token())
+            self.assertEqual((code, body["error"]), (400, "field 'name' has the wrong type"))
+            code, body = post("/v1/register", b'{"name":"n0"}', run.token())
+            self.assertEqual((code, body["slot"]), (200, 0))
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                metrics = r.read().decode()
+            self.assertIn('goodput_nodes{state="not_training"} 1', metrics)
+            self.assertIn("goodput_ratio ", metrics)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=20)
+
+
+if __name__ == "__main__":
+    unittest.main()
