@@ -274,7 +274,7 @@ class Agent {
     } else if (action == "run") {
       const int32_t restart = a.value("restart", 0);
       if (restart != t_.restart) {
-        stop_trainer();
+        stop_trainer(a.value("dump_stacks", false));
         start_trainer(a);
       }
     }
@@ -404,8 +404,16 @@ class Agent {
                      rank + "/" + world + ")");
   }
 
-  void stop_trainer() {
+  // dump_stacks: first ask the trainer for its threads' stacks (goodput.live registers
+  // faulthandler on SIGUSR1; they land in its stderr log), so a hang can be diagnosed afterwards.
+  void stop_trainer(bool dump_stacks = false) {
     if (!t_.running()) return;
+    if (dump_stacks) {
+      ::kill(t_.pid, SIGCONT);
+      ::kill(t_.pid, SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      log(o_.name, "stacks of the hung trainer (pid " + std::to_string(t_.pid) + ") are in " + t_.err_path);
+    }
     ::kill(-t_.pid, SIGKILL);
     ::kill(-t_.pid, SIGCONT);
     int st = 0;

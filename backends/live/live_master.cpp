@@ -8,7 +8,9 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "engine/event_json.h"
+#include "report/html.h"
 #include "report/report.h"
+#include "report/timeline.h"
 
 namespace goodput::live {
 
@@ -112,6 +114,8 @@ void LiveMaster::append(const Event& e) {
           n.slot = p.slot;
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           next_node_ = std::max(next_node_, p.node + 1);
+        } else if constexpr (std::is_same_v<T, FailureObserved>) {
+          last_failure_hang_ = p.kind == FailureKind::Hang;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
           if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory) {
             Node& n = nodes_[p.node];
@@ -197,6 +201,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
   const std::string path = req.target.substr(0, req.target.find('?'));
   if (req.method == "GET" && path == "/status") return reply(200, status());
   if (req.method == "GET" && path == "/metrics") return {200, "text/plain; version=0.0.4", metrics()};
+  if (req.method == "GET" && path == "/") return {200, "text/html; charset=utf-8", page()};
   if (path.rfind("/v1/", 0) != 0) return error(404, "no such endpoint: " + path);
   if (!same_token(req.authorization, "Bearer " + token_)) return error(401, "missing or wrong bearer token");
   if (req.method != "POST") return error(405, "use POST");
@@ -264,6 +269,7 @@ json LiveMaster::assignment(const Node& n) const {
     out["checkpoint_tier"] = std::string(to_string(plan_.tier));
     out["persist_every"] = plan_.persist_every;
     out["total_steps"] = spec_.total_steps;
+    out["dump_stacks"] = last_failure_hang_;  // the old trainers' stacks say where they hung
     out["job"] = spec_.job;
     out["run_id"] = run_id_;
     out["command"] = spec_.command;
@@ -556,6 +562,16 @@ nlohmann::ordered_json LiveMaster::status() const {
                                   {"step", n.trainer.step}}}});
   }
   return out;
+}
+
+std::string LiveMaster::page() const {
+  // The replay report's page, folded from the log as it stands, reloading itself every 5 s.
+  TimelineSink sink;
+  store_.for_each([&](const Event& e) { sink.append(e); });
+  std::string html = report_html(make_report(sink.state), sink.finish(), "Goodput live: " + spec_.job);
+  if (const auto head = html.find("<head>"); head != std::string::npos)
+    html.insert(head + 6, "<meta http-equiv=\"refresh\" content=\"5\">");
+  return html;
 }
 
 std::string LiveMaster::metrics() const {

@@ -75,6 +75,7 @@ class LiveMaster final : public Backend, public EventSink {
   const ShardLedger& shards() const { return ledger_; }
   nlohmann::ordered_json status() const;
   std::string metrics() const;
+  std::string page() const;  // GET /: the live report page
   int64_t newest_step() const;  // highest step any trainer reported
 
   // Backend: carry out a decision. EventSink: keep the node table in step with the log.
@@ -149,6 +150,7 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t saved_step_ = -1;               // newest step a CheckpointSaved in the log names
   std::optional<Time> settle_until_;      // a failure was seen; diagnose when this passes
   bool in_advance_ = false;
+  bool last_failure_hang_ = false;
 };
 
 }  // namespace goodput::live

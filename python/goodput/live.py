@@ -20,8 +20,10 @@ Outside a Goodput job (no GOODPUT_PROGRESS_FILE) every call still works: nothing
 checkpoints go to the directory given by GOODPUT_STORAGE_DIR if any.
 """
 
+import faulthandler
 import json
 import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -58,6 +60,8 @@ class Session:
         self._saves = 0
         self._finished_shards = []  # done since the last save: acknowledged with it
         self.loaded_from = None
+        if self._progress:  # the agent sends SIGUSR1 before it kills a hung trainer: say where we are
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
         self.report("started")
 
     # ---- reporting ----

@@ -193,6 +193,14 @@ class LiveTest(unittest.TestCase):
         # Detected after hang_timeout (6 s) of silence; the blamed rank may have reported a step
         # later than the first rank to fall silent.
         self.assertGreaterEqual(hang_event["t"] - hang["stalled_since_ns"], 5_000_000_000)
+        # Before the hung world was restarted, each trainer dumped its threads' stacks.
+        stderr_logs = []
+        for name in os.listdir(os.path.join(run.run_dir, "nodes")):
+            for f in os.listdir(os.path.join(run.run_dir, "nodes", name)):
+                if f.endswith("-stderr.log"):
+                    with open(os.path.join(run.run_dir, "nodes", name, f)) as fh:
+                        stderr_logs.append(fh.read())
+        self.assertTrue(any("most recent call first" in s and "train_ddp.py" in s for s in stderr_logs))
         # The replacement node runs with 1.5x the memory limit.
         nodes = os.path.join(run.run_dir, "nodes")
         third = sorted(os.listdir(nodes))[-1]
@@ -268,6 +276,10 @@ class LiveTest(unittest.TestCase):
                 metrics = r.read().decode()
             self.assertIn('goodput_nodes{state="not_training"} 1', metrics)
             self.assertIn("goodput_ratio ", metrics)
+            with urllib.request.urlopen(url + "/", timeout=5) as r:  # the live page: the report, refreshing
+                page = r.read().decode()
+            self.assertIn('http-equiv="refresh"', page)
+            self.assertIn('id="goodput"', page)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=20)
