@@ -75,6 +75,10 @@ class Persister {
     std::lock_guard lock(mu_);
     return steps_;
   }
+  void remove_memory() {
+    std::lock_guard lock(mu_);
+    if (options_) ckpt::FlashCheckpoint(*options_).remove_memory();
+  }
 
  private:
   void loop() {
@@ -199,6 +203,13 @@ class Agent {
         const auto r = beat();
         next_beat = Steady::now() + interval_;
         if (r == Beat::Exit) return shutdown();
+        if (r != Beat::Unreachable) last_contact_ = Steady::now();
+        if (ms_since(last_contact_) > o_.master_timeout_s * 1000) {
+          log(o_.name, "no master for " + std::to_string(o_.master_timeout_s) + " s: giving up");
+          shutdown();
+          persister_.remove_memory();  // nobody will restore from this node's memory now
+          return 1;
+        }
         if (r == Beat::Unknown && !register_node()) return 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -516,6 +527,7 @@ class Agent {
   std::chrono::milliseconds interval_{250};
   Trainer t_;
   bool exit_reported_ = false;
+  Steady::time_point last_contact_ = Steady::now();
   Persister persister_;
 };
 

@@ -282,6 +282,10 @@ void add_live_commands(CLI::App& app, int& rc) {
   ag->add_option("--work-dir", ao.work_dir, "Trainer logs and progress files (default ./goodput-agent-NAME)");
   ag->add_option("--memory-permille", ao.memory_permille, "Scale of the job's memory limit on this node")
       ->check(CLI::Range(1, 1'000'000));
+  ag->add_option("--master-timeout", ao.master_timeout_s,
+                 "Seconds without a master before the agent stops its trainer and exits")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
   ag->callback([&rc] {
     const char* t = std::getenv("GOODPUT_TOKEN");
     if (!t || !*t) throw CLI::ValidationError("GOODPUT_TOKEN", "set GOODPUT_TOKEN to the job's bearer token");

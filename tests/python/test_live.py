@@ -44,6 +44,7 @@ class LiveRun:
     def __init__(self, test, job, faults=None):
         self.dir = tempfile.mkdtemp(prefix="goodput-live-")
         test.addCleanup(subprocess.run, ["rm", "-rf", self.dir])
+        test.addCleanup(self.kill_agents)  # a failed test must not leave nodes behind
         self.job_path = os.path.join(self.dir, "job.json")
         with open(self.job_path, "w") as f:
             json.dump(job, f)
@@ -55,6 +56,15 @@ class LiveRun:
             with open(self.faults_path, "w") as f:
                 json.dump(faults, f)
             self.args += ["--faults", self.faults_path]
+
+    def kill_agents(self):
+        nodes = os.path.join(self.run_dir, "nodes")
+        for name in os.listdir(nodes) if os.path.isdir(nodes) else []:
+            try:
+                with open(os.path.join(nodes, name, "agent.pid")) as f:
+                    os.killpg(int(f.read()), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
 
     def run(self, timeout=240, resume=False):
         out = subprocess.run(self.args + (["--resume"] if resume else []), capture_output=True, text=True,
