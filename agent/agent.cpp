@@ -220,7 +220,9 @@ class Agent {
   enum class Beat { Ok, Unreachable, Unknown, Exit };
 
   std::optional<json> call(const std::string& target, const json& body, int* status = nullptr) {
-    auto r = live::http_call(url_, "POST", target, o_.token, body.dump(), 2000);
+    // Stderr tails hold any bytes: invalid UTF-8 is replaced, not thrown.
+    const std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
+    auto r = live::http_call(url_, "POST", target, o_.token, text, 2000);
     if (!r) return std::nullopt;
     if (status) *status = r->status;
     if (r->status == 401) {

@@ -181,7 +181,7 @@ std::string event_to_line(const Event& e) {
   j["t"] = e.time;
   j["type"] = event_type_name(e.payload);
   j["data"] = payload_to_json(e.payload);
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // reasons carry process output
 }
 
 Event event_from_line(std::string_view line) {

@@ -144,7 +144,7 @@ void SqliteStore::append(const Event& e) {
     throw StoreError(path_ + ": event seq " + std::to_string(e.seq) + " does not follow " + std::to_string(last_seq_));
   begin_if_needed();
   const std::string type(event_type_name(e.payload));
-  const std::string payload = payload_to_json(e.payload).dump();
+  const std::string payload = payload_to_json(e.payload).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   sqlite3_reset(insert_);
   sqlite3_bind_int64(insert_, 1, static_cast<sqlite3_int64>(e.seq));
   sqlite3_bind_int64(insert_, 2, e.time);

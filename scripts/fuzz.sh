@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers with libFuzzer (Debian clang) under ASan+UBSan: traces, policy JSON, event-log
-# lines and checkpoint files. Seeds come from the shipped traces and policies, a replay's event log
+# lines, checkpoint files and the live master's agent API. Seeds come from the shipped traces and policies, a replay's event log
 # and a real checkpoint. First replays every saved regression input, then fuzzes each target for
 # $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
 # fuzz/regressions/<target>/ with the fix so it is replayed from then on.
@@ -10,7 +10,7 @@ seconds=${1:-60}
 CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGOODPUT_FUZZ=ON >/dev/null
 cmake --build build-fuzz
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{trace,policy,event,checkpoint}
+mkdir -p "$corpus"/{trace,policy,event,checkpoint,api}
 cp traces/*.jsonl "$corpus/trace/"
 cp examples/policies/*.json "$corpus/policy/"
 # Event lines and a checkpoint file, made by the regular build (scripts/build.sh build).
@@ -31,8 +31,15 @@ c.persist(); c.remove_memory()
 for f in glob.glob(d + "/*/*.ckpt"): shutil.copy(f, sys.argv[1] + "/seed.ckpt")
 PY
 fi
+# Agent API sessions: register two nodes, heartbeat them through a start, take and finish shards.
+tr='{"restart":0,"phase":"training","step":5,"saves":1,"saved_step":5,"storage_steps":[5],"loaded":{"step":0,"tier":"none","ns":1}}'
+printf '%s\n' $'/v1/register\t{"name":"a"}' $'/v1/register\t{"name":"b"}' \
+  $'/v1/heartbeat\t{"node":0,"trainer":'"$tr"'}' $'/v1/heartbeat\t{"node":1,"trainer":'"$tr"'}' \
+  $'/v1/shards/next\t{"node":0,"restart":0}' $'/v1/shards/complete\t{"node":0,"restart":0,"step":5,"shards":[0]}' \
+  $'/v1/exit\t{"node":1,"trainer":{"restart":0,"phase":"exited","exit":{"code":1,"signal":0,"reason":"x","age_ms":3}}}' \
+  $'/v1/inject\t{"fault":"hang","slot":0}' '/status' '/metrics' > "$corpus/api/session"
 status=0
-for t in trace policy event checkpoint; do
+for t in trace policy event checkpoint api; do
   mkdir -p "build-fuzz/crashes/$t"
   if compgen -G "fuzz/regressions/$t/*" >/dev/null; then
     echo "fuzz_$t: replaying fuzz/regressions/$t"

@@ -53,6 +53,12 @@ TEST_CASE("every event type survives its JSON encoding unchanged") {
   }
 }
 
+TEST_CASE("a reason holding invalid UTF-8 (a trainer's stderr) is stored with replacement characters") {
+  const Event e{1, 0, FailureObserved{0, FailureKind::ProcessExit, 1, 0, std::string("bad \xff\xfe bytes"), 0}};
+  const Event back = event_from_line(event_to_line(e));
+  CHECK(std::get<FailureObserved>(back.payload).reason == "bad \xEF\xBF\xBD\xEF\xBF\xBD bytes");
+}
+
 TEST_CASE("decoding rejects missing and mistyped fields by name") {
   CHECK_THROWS_WITH_AS(event_from_line(R"({"seq":1,"t":0,"type":"node_joined","data":{"node":1,"name":"n1"}})"),
                        doctest::Contains("field 'slot' is missing"), EventDecodeError);

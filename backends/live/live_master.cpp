@@ -37,7 +37,10 @@ Time LiveClock::now() const { return base_ + (clock_ns(CLOCK_MONOTONIC) - mono_s
 
 namespace {
 
-HttpResponse reply(int status, const json& body) { return {status, "application/json", body.dump()}; }
+// Text from agents and request paths may hold any bytes: invalid UTF-8 is replaced, never thrown.
+HttpResponse reply(int status, const json& body) {
+  return {status, "application/json", body.dump(-1, ' ', false, json::error_handler_t::replace)};
+}
 HttpResponse error(int status, const std::string& what) { return reply(status, json{{"error", what}}); }
 
 bool same_token(const std::string& a, const std::string& b) {  // constant time in the secret's length
