@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "cli/bench.h"
+#include "cli/bench_api.h"
 #include "cli/ckpt.h"
 #include "cli/live.h"
 #include "agent/checkpoint/flash_checkpoint.h"
@@ -497,7 +498,22 @@ int main(int argc, char** argv) {
   bench->add_option("--trace", bo.trace_path, "The 54-day trace")->capture_default_str();
   bench->add_option("--runs", bo.runs, "Monte Carlo runs")->capture_default_str();
   bench->add_option("--threads", bo.threads, "Threads for Monte Carlo (0: all)")->capture_default_str();
-  bench->callback([&] { rc = run_bench(bo); });
+  bench->callback([&] {
+    if (bench->get_subcommands().empty()) rc = run_bench(bo);
+  });
+  static ApiBenchOptions api_o;
+  auto* api = bench->add_subcommand("api", "Simulated agents heartbeating a real master: latency, CPU, RSS");
+  api->add_option("--agents", api_o.agents, "Simulated agents (one connection each)")->capture_default_str();
+  api->add_option("--seconds", api_o.seconds, "How long to drive the master")->capture_default_str();
+  api->callback([&] { rc = run_api_bench(api_o); });
+  static CrashBenchOptions crash_o;
+  auto* crash = bench->add_subcommand("crash", "SIGKILL the master at random moments; check no acknowledged event is lost");
+  crash->add_option("--kills", crash_o.kills, "How many times to kill the master")->capture_default_str();
+  crash->add_option("--agents", crash_o.agents, "Simulated agents")->capture_default_str();
+  crash->add_option("--steps", crash_o.steps, "Steps of the simulated job (one data shard per agent and step)")
+      ->capture_default_str();
+  crash->add_option("--seed", crash_o.seed, "Seed for the kill times")->capture_default_str();
+  crash->callback([&] { rc = run_crash_bench(crash_o); });
 
   try {
     app.parse(argc, argv);

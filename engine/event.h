@@ -151,10 +151,12 @@ struct ScaleDecided {
   std::string reason;
 };
 
-// The master handed these shards to the trainer on `node`. Logged before the trainer hears of
-// them, so a restarted master never hands a shard to two trainers.
+// The master handed these shards to the trainer on `node`, answering its request number
+// `request` (counted per restart). Logged before the trainer hears of them, so a restarted master
+// never hands a shard to two trainers, and a retried request gets the same shards back.
 struct ShardsAssigned {
   NodeId node = 0;
+  int64_t request = 0;
   std::vector<int64_t> shards;
 };
 // Restart every trainer of the world; they restore `restore_step` from `restore_tier`.

@@ -29,7 +29,7 @@ template <class F> void fields(CheckpointSaved& v, F&& f) {
 }
 template <class F> void fields(CheckpointPersisted& v, F&& f) { f("step", v.step); f("count", v.count); }
 template <class F> void fields(ShardsCompleted& v, F&& f) { f("node", v.node); f("step", v.step); f("shards", v.shards); }
-template <class F> void fields(ShardsAssigned& v, F&& f) { f("node", v.node); f("shards", v.shards); }
+template <class F> void fields(ShardsAssigned& v, F&& f) { f("node", v.node); f("request", v.request); f("shards", v.shards); }
 template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);

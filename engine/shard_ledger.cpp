@@ -20,6 +20,10 @@ bool ShardLedger::assigned_to(int64_t shard, NodeId node) const {
   return shard >= 0 && shard < total() && !state_[shard].done && state_[shard].state == node;
 }
 
+bool ShardLedger::done_by(int64_t shard, NodeId node) const {
+  return shard >= 0 && shard < total() && state_[shard].done && state_[shard].state == node;
+}
+
 void ShardLedger::requeue(int64_t i) {
   Shard& s = state_[i];
   if (s.done) --done_;

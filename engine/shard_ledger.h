@@ -22,6 +22,7 @@ class ShardLedger {
   int64_t queued() const { return static_cast<int64_t>(queued_.size()); }
   int64_t done() const { return done_; }
   bool assigned_to(int64_t shard, NodeId node) const;
+  bool done_by(int64_t shard, NodeId node) const;
   // Completions of a shard that was already done: each is a shard trained on twice.
   int64_t duplicates() const { return duplicates_; }
   // Completions the ledger refused (unknown shard, or not assigned to that node).

@@ -33,7 +33,7 @@ std::vector<EventPayload> one_of_each() {
           ScaleDecided{4, 3, "no spare"},
           RestartJob{3, 2, 0, 800, Tier::Storage},
           ShardsCompleted{2, 900, {4, 7, 8}},
-          ShardsAssigned{1, {9}}};
+          ShardsAssigned{1, 4, {9}}};
 }
 }  // namespace
 

@@ -117,6 +117,8 @@ void LiveMaster::append(const Event& e) {
           n.slot = p.slot;
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           next_node_ = std::max(next_node_, p.node + 1);
+        } else if constexpr (std::is_same_v<T, ShardsAssigned>) {
+          last_assigned_[p.node] = p;
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           last_failure_hang_ = p.kind == FailureKind::Hang;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
@@ -134,6 +136,7 @@ void LiveMaster::append(const Event& e) {
           restart_ = p;
           run_at_ = e.time + p.delay;
           rdzv_port_ = 0;  // execute() picks a free one
+          last_assigned_.clear();
           gen_saves_ = gen_blocking_ns_ = 0;
         } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
           gen_saves_ += std::max<int64_t>(p.count, 1);
@@ -333,18 +336,27 @@ HttpResponse LiveMaster::on_shards_next(const json& b) {
   if (field<int32_t>(b, "restart") != restart_.restart || (phase != Phase::Training && phase != Phase::CheckpointLoad))
     return error(409, "not training in the current restart");
   if (ledger_.total() == 0) return error(404, "this job has no data-shard service (data_shards is 0)");
+  // A retry (the answer was lost, or the master restarted) gets the same shard again.
+  const int64_t request = field_or<int64_t>(b, "request", -1);
+  if (auto it = last_assigned_.find(n->id); request >= 0 && it != last_assigned_.end() && it->second.request == request &&
+                                            !it->second.shards.empty())
+    return reply(200, json{{"shard", it->second.shards.front()}, {"of", ledger_.total()}});
   const auto next = ledger_.next_queued();
   if (!next) return reply(200, json{{"shard", nullptr}, {"remaining", ledger_.total() - ledger_.done()}});
-  master_.log(ShardsAssigned{n->id, {*next}});  // durable before the trainer hears of it
+  master_.log(ShardsAssigned{n->id, request, {*next}});  // durable before the trainer hears of it
   return reply(200, json{{"shard", *next}, {"of", ledger_.total()}});
 }
 
 HttpResponse LiveMaster::on_shards_complete(const json& b) {
   Node* n = node(field<int32_t>(b, "node"));
   if (!n || n->gone) return error(409, "unknown node");
-  const auto shards = field<std::vector<int64_t>>(b, "shards");
-  for (int64_t s : shards)
+  // Idempotent: a retry of a completion the log already holds is acknowledged again.
+  std::vector<int64_t> shards;
+  for (int64_t s : field<std::vector<int64_t>>(b, "shards")) {
+    if (ledger_.done_by(s, n->id)) continue;
     if (!ledger_.assigned_to(s, n->id)) return error(409, "shard " + std::to_string(s) + " is not assigned to this node");
+    shards.push_back(s);
+  }
   if (!shards.empty()) master_.log(ShardsCompleted{n->id, field<int64_t>(b, "step"), shards});
   return reply(200, json{{"done", ledger_.done()}, {"of", ledger_.total()}});
 }

@@ -59,6 +59,7 @@ class Session:
                                     peers_share_memory=False)
         self._saves = 0
         self._finished_shards = []  # done since the last save: acknowledged with it
+        self._shard_requests = 0    # numbered, so a retried request gets the same shard
         self.loaded_from = None
         if self._progress:  # the agent sends SIGUSR1 before it kills a hung trainer: say where we are
             faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -138,9 +139,11 @@ class Session:
         has no shard service). The shard counts as done at the next save()."""
         if not self._master:
             return None
-        r = self._call("/v1/shards/next", {"node": self.node, "restart": self.restart}, allow=(404,))
+        r = self._call("/v1/shards/next", {"node": self.node, "restart": self.restart,
+                                           "request": self._shard_requests}, allow=(404,))
         if r is None or r.get("shard") is None:
             return None
+        self._shard_requests += 1
         self._finished_shards.append(r["shard"])
         return r["shard"]
 
