@@ -147,11 +147,23 @@ int serve(ServeOptions o) {
 
   boost::asio::io_context io;
   live::LiveMaster* master_ptr = nullptr;
+  // The log is the truth: if it cannot be written (disk full, locked past the busy timeout), the
+  // master stops rather than act on what it could not record; --resume picks up from the log.
+  std::string fatal;
+  auto stop_on_store_error = [&](const StoreError& e) {
+    if (fatal.empty()) fatal = e.what();
+    io.stop();
+  };
   std::optional<live::HttpServer> server_holder;
   try {
     server_holder.emplace(io, o.listen, o.port, [&](const live::HttpRequest& r) {
       if (!master_ptr) return live::HttpResponse{503, "application/json", R"({"error":"starting"})"};
-      return master_ptr->handle(r);
+      try {
+        return master_ptr->handle(r);
+      } catch (const StoreError& e) {
+        stop_on_store_error(e);
+        return live::HttpResponse{503, "application/json", R"({"error":"master stopping: event log unwritable"})"};
+      }
     });
   } catch (const std::runtime_error& e) {
     std::cerr << "goodput: " << e.what() << "\n";
@@ -191,7 +203,12 @@ int serve(ServeOptions o) {
   std::optional<std::chrono::steady_clock::time_point> finished_at;
   std::string last_line;
   std::function<void()> tick = [&] {
-    master.tick();
+    try {
+      master.tick();
+    } catch (const StoreError& e) {
+      stop_on_store_error(e);
+      return;
+    }
     const auto now = std::chrono::steady_clock::now();
     const JobState& s = master.state();
     for (Fault& f : faults) {
@@ -236,6 +253,12 @@ int serve(ServeOptions o) {
   };
   tick();
   io.run();
+  if (!fatal.empty()) {
+    // Agents keep their trainers running; a master started with --resume carries on.
+    std::cerr << "goodput: the event log could not be written: " << fatal << "\ngoodput: stopping the master; "
+              << "fix the cause and run again with --resume (agents keep training meanwhile)\n";
+    return 1;
+  }
   store.flush();
 
   const Report r = make_report(master.state());

@@ -35,7 +35,7 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
 }  // namespace
 
 JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, const std::string& base_dir) {
-  if (!j.is_object()) throw ConfigError(where + ": a job spec must be a JSON object");
+  if (!j.is_object()) throw ConfigError("a job spec must be a JSON object");
   ConfigReader r(j, where);
   JobSpec s;
   s.job = r.text("job", "");
@@ -96,7 +96,7 @@ JobSpec load_job_spec(const std::string& path) {
   const nlohmann::json j = read_json_file(path, "job spec");
   const std::string base = std::filesystem::path(path).parent_path().string();
   try {
-    return job_spec_from_json(j, "job", base.empty() ? "." : base);
+    return job_spec_from_json(j, "", base.empty() ? "." : base);
   } catch (const ConfigError& e) {
     throw ConfigError(path + ": " + e.what());
   }

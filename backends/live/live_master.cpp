@@ -209,7 +209,10 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
   if (req.method == "GET" && path == "/metrics") return {200, "text/plain; version=0.0.4", metrics()};
   if (req.method == "GET" && path == "/") return {200, "text/html; charset=utf-8", page()};
   if (path.rfind("/v1/", 0) != 0) return error(404, "no such endpoint: " + path);
-  if (!same_token(req.authorization, "Bearer " + token_)) return error(401, "missing or wrong bearer token");
+  if (!same_token(req.authorization, "Bearer " + token_)) {
+    ++unauthorized_;  // counted in /metrics, not logged: a flood of bad requests must not grow the log
+    return error(401, "missing or wrong bearer token");
+  }
   if (req.method != "POST") return error(405, "use POST");
   json body;
   try {
@@ -625,7 +628,10 @@ std::string LiveMaster::metrics() const {
     << "goodput_nodes{state=\"not_training\"} " << waiting << "\n"
     << "goodput_nodes{state=\"spare\"} " << spare << "\n"
     << "# HELP goodput_step Newest training step any trainer reported.\n# TYPE goodput_step gauge\n"
-    << "goodput_step " << newest_step() << "\n";
+    << "goodput_step " << newest_step() << "\n"
+    << "# HELP goodput_api_unauthorized_total Agent API requests refused for a missing or wrong token.\n"
+    << "# TYPE goodput_api_unauthorized_total counter\n"
+    << "goodput_api_unauthorized_total " << unauthorized_ << "\n";
   return o.str();
 }
 

@@ -151,6 +151,7 @@ class LiveMaster final : public Backend, public EventSink {
   std::optional<Time> settle_until_;      // a failure was seen; diagnose when this passes
   bool in_advance_ = false;
   bool last_failure_hang_ = false;
+  int64_t unauthorized_ = 0;
   std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart
 };
 

@@ -286,10 +286,67 @@ class LiveTest(unittest.TestCase):
                 metrics = r.read().decode()
             self.assertIn('goodput_nodes{state="not_training"} 1', metrics)
             self.assertIn("goodput_ratio ", metrics)
+            self.assertIn("goodput_api_unauthorized_total 2", metrics)
+            # A client that sends half a request and stalls (slowloris) holds only its own connection.
+            with socket.create_connection((host, int(port)), timeout=5) as slow:
+                slow.sendall(b"POST /v1/register HTTP/1.1\r\nHost: x\r\nContent-Le")
+                t0 = time.time()
+                with urllib.request.urlopen(url + "/status", timeout=5) as r:
+                    self.assertEqual(r.status, 200)
+                self.assertLess(time.time() - t0, 2)
             with urllib.request.urlopen(url + "/", timeout=5) as r:  # the live page: the report, refreshing
                 page = r.read().decode()
             self.assertIn('http-equiv="refresh"', page)
             self.assertIn('id="goodput"', page)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=20)
+
+
+class LiveLogTest(unittest.TestCase):
+    def test_a_master_that_cannot_write_its_log_stops_and_resumes_from_it(self):
+        run = LiveRun(self, spec(total_steps=100000, step_time="1s"))
+        env = dict(os.environ, GOODPUT_TOKEN="tok")
+        args = [GOODPUT, "master", run.job_path, "--run-dir", run.run_dir, "--quiet"]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            for _ in range(100):
+                if os.path.exists(os.path.join(run.run_dir, "master.url")):
+                    break
+                time.sleep(0.1)
+            time.sleep(0.2)
+            url = run.url()
+
+            def register(name):
+                req = urllib.request.Request(url + "/v1/register", data=json.dumps({"name": name}).encode(),
+                                             method="POST", headers={"Authorization": "Bearer tok"})
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        return r.status
+                except urllib.error.HTTPError as e:
+                    return e.code
+
+            self.assertEqual(register("n0"), 200)
+            # Someone else holds the database's write lock longer than the master's 5 s busy timeout.
+            db = sqlite3.connect(run.db, timeout=1, isolation_level=None)
+            db.execute("BEGIN EXCLUSIVE")
+            self.assertEqual(register("n1"), 503)
+            self.assertEqual(proc.wait(timeout=20), 1)
+            self.assertIn("the event log could not be written", proc.stderr.read())
+            db.execute("ROLLBACK")
+            db.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stderr.close()
+        # Restarted, it knows n0 from the log and takes n1 now.
+        proc = subprocess.Popen(args + ["--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            time.sleep(1.0)
+            self.assertEqual(register("n1"), 200)
+            with urllib.request.urlopen(url + "/status", timeout=5) as r:
+                names = sorted(n["name"] for n in json.loads(r.read())["nodes"])
+            self.assertEqual(names, ["n0", "n1"])
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=20)
