@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -120,6 +122,8 @@ class Persister {
   std::thread thread_;
 };
 
+constexpr size_t kWorkWindow = 20;  // steps in the straggler window
+
 struct Trainer {
   pid_t pid = -1;
   int32_t restart = -1;
@@ -133,6 +137,8 @@ struct Trainer {
   Steady::time_point last_progress = Steady::now();
   int64_t saves = 0, save_blocking_ns = 0, saved_step = -1;
   std::optional<json> loaded;
+  std::optional<double> loss;
+  std::vector<double> work;  // CPU seconds per step, the last kWorkWindow steps
   bool exited = false, done = false;
   int32_t code = 0, signal = 0;
   std::string reason;
@@ -264,6 +270,16 @@ class Agent {
            {"storage_steps", persister_.storage_steps()}};
     if (t_.running()) t["stopped"] = process_stopped(t_.pid);
     if (t_.loaded) t["loaded"] = *t_.loaded;
+    if (t_.loss) t["loss"] = *t_.loss;
+    if (t_.work.size() >= kWorkWindow / 2) {  // robust: the median of the window, and its spread (MAD)
+      std::vector<double> w = t_.work;
+      std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
+      const double med = w[w.size() / 2];
+      for (double& x : w) x = std::abs(x - med);
+      std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
+      t["work_median_s"] = med;
+      t["work_mad_s"] = w[w.size() / 2];
+    }
     if (t_.exited)
       t["exit"] = {{"code", t_.code}, {"signal", t_.signal}, {"reason", t_.reason}, {"done", t_.done},
                    {"age_ms", ms_since(t_.exited_at)}};
@@ -360,6 +376,7 @@ class Agent {
     set("TORCHELASTIC_ERROR_FILE", t.error_path);
     set("GOODPUT_MASTER", o_.master_url);
     set("GOODPUT_NODE", std::to_string(node_));
+    set("GOODPUT_NODE_NAME", o_.name);
     set("GOODPUT_JOB", job);
     set("GOODPUT_RESTART", std::to_string(t.restart));
     set("GOODPUT_PROGRESS_FILE", t.progress_path);
@@ -501,6 +518,11 @@ class Agent {
     } else if (ev == "step") {
       t_.phase = "training";
       t_.step = j.value("step", t_.step);
+      if (j.contains("loss") && j["loss"].is_number()) t_.loss = j["loss"].get<double>();
+      if (j.contains("work_s") && j["work_s"].is_number()) {
+        t_.work.push_back(j["work_s"].get<double>());
+        if (t_.work.size() > kWorkWindow) t_.work.erase(t_.work.begin());
+      }
     } else if (ev == "saved") {
       ++t_.saves;
       t_.save_blocking_ns += static_cast<int64_t>(j.value("blocking_s", 0.0) * 1e9);

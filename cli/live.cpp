@@ -227,10 +227,11 @@ int serve(ServeOptions o) {
     if (!o.quiet && now - last_print >= std::chrono::seconds(1)) {
       last_print = now;
       const auto st = master.status();
-      char line[256];
-      std::snprintf(line, sizeof line, "[%6.1fs] %-18s step %6lld/%lld  restart %d  goodput %5.1f%%  failures %d",
+      char line[256], loss[32] = "";
+      if (st.contains("loss")) std::snprintf(loss, sizeof loss, "  loss %.4g", st["loss"].get<double>());
+      std::snprintf(line, sizeof line, "[%6.1fs] %-18s step %6lld/%lld%s  restart %d  goodput %5.1f%%  failures %d",
                     st["wall_s"].get<double>(), st["phase"].get<std::string>().c_str(),
-                    static_cast<long long>(st["step"].get<int64_t>()), static_cast<long long>(spec.total_steps),
+                    static_cast<long long>(st["step"].get<int64_t>()), static_cast<long long>(spec.total_steps), loss,
                     st["restart"].get<int>(), 100 * st["goodput"].get<double>(), st["failures"].get<int>());
       if (line != last_line) std::cerr << line << "\n";
       last_line = line;

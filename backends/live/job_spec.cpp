@@ -85,6 +85,8 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.heartbeat_timeout = r.duration("heartbeat_timeout", s.heartbeat_timeout);
   s.hang_timeout = r.duration("hang_timeout", s.hang_timeout);
   s.failure_settle = r.duration("failure_settle", s.failure_settle);
+  s.straggler_factor = r.number("straggler_factor", s.straggler_factor, 0, 1000);
+  if (s.straggler_factor > 0 && s.straggler_factor < 1.05) r.fail("straggler_factor", "must be 0 (off) or above 1.05");
   if (s.heartbeat_interval <= 0) r.fail("heartbeat_interval", "must be positive");
   if (s.heartbeat_timeout < 2 * s.heartbeat_interval) r.fail("heartbeat_timeout", "must be at least twice heartbeat_interval");
   if (s.hang_timeout < s.heartbeat_timeout) r.fail("hang_timeout", "must be at least heartbeat_timeout");

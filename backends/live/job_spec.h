@@ -34,6 +34,7 @@ struct JobSpec {
   Duration heartbeat_timeout = 5 * kSecond;
   Duration hang_timeout = 30 * kSecond;  // a trainer that reports nothing this long is hung
   Duration failure_settle = 300 * kMillisecond;  // collect the exits one failure causes, then diagnose
+  double straggler_factor = 1.5;  // a rank doing this many times the typical rank's work per step; 0: off
 
   JobStarted job_started() const;
 };

@@ -306,6 +306,9 @@ HttpResponse LiveMaster::on_heartbeat(const json& b) {
     tr.step = field_or<int64_t>(t, "step", 0);
     tr.last_progress = now - field_or<int64_t>(t, "progress_age_ms", 0) * kMillisecond;
     tr.stopped = field_or<bool>(t, "stopped", false);
+    tr.loss = t.contains("loss") && t["loss"].is_number() ? std::optional<double>(t["loss"].get<double>()) : std::nullopt;
+    tr.work_median_s = field_or<double>(t, "work_median_s", -1);
+    tr.work_mad_s = field_or<double>(t, "work_mad_s", -1);
     tr.saves = field_or<int64_t>(t, "saves", 0);
     tr.save_blocking_ns = field_or<int64_t>(t, "save_blocking_ns", 0);
     tr.saved_step = field_or<int64_t>(t, "saved_step", -1);
@@ -509,6 +512,7 @@ void LiveMaster::advance() {
         continue;
       }
     } else if (phase == Phase::Training) {
+      if (detect_stragglers(w)) continue;
       int64_t saves = INT64_MAX, step = INT64_MAX, blocking = 0;
       for (Node* n : w) {
         const Trainer& t = n->trainer;
@@ -526,6 +530,39 @@ void LiveMaster::advance() {
     }
     return;
   }
+}
+
+bool LiveMaster::detect_stragglers(const std::vector<Node*>& w) {
+  // Synchronized ranks all take as long per step as the slowest; what differs is the CPU work each
+  // does in a step. Compare each rank's median work (over its last steps) with the typical rank's
+  // (the lower median, so two ranks compare with the faster one). Evidence goes in the event: the
+  // ratio, as slowdown_permille.
+  if (spec_.straggler_factor <= 0 || w.size() < 2) return false;
+  std::vector<double> med;
+  for (Node* n : w) {
+    if (n->trainer.work_median_s <= 0) return false;
+    med.push_back(n->trainer.work_median_s);
+  }
+  std::sort(med.begin(), med.end());
+  const double typical = med[(med.size() - 1) / 2];
+  for (Node* n : w) {
+    const Trainer& t = n->trainer;
+    const double ratio = t.work_median_s / typical;
+    const bool steady = t.work_mad_s <= 0.25 * t.work_median_s;  // not a noisy window
+    const int32_t permille = static_cast<int32_t>(std::lround(ratio * 1000));
+    int32_t& flagged = straggler_permille_[n->id];
+    if (ratio >= spec_.straggler_factor && steady && std::abs(permille - flagged) > 100) {
+      flagged = permille;
+      observe(SlowdownObserved{n->id, permille});
+      return true;
+    }
+    if (flagged > 1000 && ratio < spec_.straggler_factor * 0.8) {
+      flagged = 1000;
+      observe(SlowdownObserved{n->id, 1000});
+      return true;
+    }
+  }
+  return false;
 }
 
 int64_t LiveMaster::newest_step() const {
@@ -557,6 +594,9 @@ nlohmann::ordered_json LiveMaster::status() const {
   }();
   if (s.finished()) out["finish_reason"] = r.end_reason;
   out["step"] = newest_step();
+  if (world_ > 0 && slots_[0] >= 0)  // rank 0's latest loss, if its trainer reports one
+    if (const auto it = nodes_.find(slots_[0]); it != nodes_.end() && it->second.trainer.loss)
+      out["loss"] = *it->second.trainer.loss;
   out["total_steps"] = spec_.total_steps;
   out["restart"] = restart_.restart;
   out["world_size"] = world_;
@@ -577,7 +617,7 @@ nlohmann::ordered_json LiveMaster::status() const {
                      {"slot", n.slot},
                      {"heartbeat_age_s", static_cast<double>(now - n.last_heartbeat) / kSecond},
                      {"trainer", {{"restart", n.trainer.restart}, {"phase", n.trainer.phase}, {"pid", n.trainer.pid},
-                                  {"step", n.trainer.step}}}});
+                                  {"step", n.trainer.step}, {"work_median_s", n.trainer.work_median_s}}}});
   }
   return out;
 }

@@ -90,6 +90,9 @@ class LiveMaster final : public Backend, public EventSink {
     int64_t step = 0;
     Time last_progress = 0;
     bool stopped = false;  // the process is stopped (SIGSTOP), alive but not running
+    std::optional<double> loss;
+    double work_median_s = -1;  // CPU work per step: median and MAD over the agent's window
+    double work_mad_s = -1;
     int64_t saves = 0;
     int64_t save_blocking_ns = 0;
     int64_t saved_step = -1;
@@ -123,6 +126,7 @@ class LiveMaster final : public Backend, public EventSink {
   std::vector<Node*> world();  // nodes holding slots 0..world-1; empty if a slot is vacant
   void advance();              // turn agreement across the world into observations
   void observe(EventPayload p);
+  bool detect_stragglers(const std::vector<Node*>& w);
   uint16_t pick_port() const;
 
   JobSpec spec_;
@@ -152,6 +156,7 @@ class LiveMaster final : public Backend, public EventSink {
   bool in_advance_ = false;
   bool last_failure_hang_ = false;
   int64_t unauthorized_ = 0;
+  std::map<NodeId, int32_t> straggler_permille_;  // the slowdown last reported per node
   std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart
 };
 

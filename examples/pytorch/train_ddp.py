@@ -12,6 +12,8 @@ Flags (after the script name in the job's command):
     --batch N           samples per shard / per step (default 64)
     --step-seconds S    extra time per step, to look like a bigger model (default 0)
     --oom-mb N          allocate N MiB every step (a real allocation: memory limits bite)
+    --slow-node NAME    on the node named NAME (GOODPUT_NODE_NAME), do --slow-factor times the CPU
+    --slow-factor F     work of a step (a straggler; default 3)
 """
 
 import argparse
@@ -39,6 +41,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--step-seconds", type=float, default=0.0)
     ap.add_argument("--oom-mb", type=int, default=0)
+    ap.add_argument("--slow-node", default="")
+    ap.add_argument("--slow-factor", type=float, default=3.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -62,8 +66,11 @@ def main():
     print(f"rank {s.rank}/{s.world_size} restart {s.restart}: starting after step {step} "
           f"(from {s.loaded_from[0]})", flush=True)
 
+    slow = args.slow_node and os.environ.get("GOODPUT_NODE_NAME") == args.slow_node
+    burn = torch.randn(64, 64)
     for step in range(step + 1, s.total_steps + 1):
         t0 = time.perf_counter()
+        c0 = time.process_time()
         if args.oom_mb:
             scratch = torch.empty(args.oom_mb << 20, dtype=torch.uint8)  # noqa: F841 (allocated on purpose)
         shard = s.next_shard()
@@ -73,6 +80,11 @@ def main():
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
+        if slow:  # a straggler: the same step costs this node slow_factor times the CPU work
+            target = (time.process_time() - c0) * (args.slow_factor - 1)
+            c1 = time.process_time()
+            while time.process_time() - c1 < target:
+                burn = torch.tanh(burn @ burn)
         if shard is not None:
             samples += args.batch
         s.step_done(step, loss.item())

@@ -60,6 +60,7 @@ class Session:
         self._saves = 0
         self._finished_shards = []  # done since the last save: acknowledged with it
         self._shard_requests = 0    # numbered, so a retried request gets the same shard
+        self._work_mark = None
         self.loaded_from = None
         if self._progress:  # the agent sends SIGUSR1 before it kills a hung trainer: say where we are
             faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -75,7 +76,15 @@ class Session:
         self.report("rendezvous")
 
     def step_done(self, step, loss=None):
-        self.report("step", step=step, **({"loss": float(loss)} if loss is not None else {}))
+        """Reports the step, its loss, and the CPU time this rank worked on it (time blocked in a
+        collective is not work: that is how a straggler among synchronized ranks shows)."""
+        now = time.process_time()
+        work = now - self._work_mark if self._work_mark is not None else None
+        self._work_mark = now
+        fields = {"loss": float(loss)} if loss is not None else {}
+        if work is not None:
+            fields["work_s"] = work
+        self.report("step", step=step, **fields)
 
     def done(self, step, **fields):
         self.report("done", step=step, **fields)

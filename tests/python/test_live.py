@@ -217,6 +217,25 @@ class LiveTest(unittest.TestCase):
         with open(os.path.join(nodes, third, "agent.log")) as f:
             self.assertIn("memory x1.5", f.read())
 
+    def test_a_straggler_is_measured_and_replaced_and_not_taken_for_a_hang(self):
+        policy = {"name": "replace stragglers",
+                  "recovery": {"policy": "diagnose", "replace_stragglers_above": 1.5},
+                  "checkpoint": {"policy": "flash", "every_steps": 20, "persist_every": 2}}
+        cmd = spec()["command"] + ["--slow-node", "local-1", "--slow-factor", "3"]
+        run = LiveRun(self, spec(policy=policy, command=cmd, total_steps=200))
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        slow = of_type(ev, "slowdown_observed")
+        self.assertTrue(slow, "the slow node was never flagged")
+        joined = {j["node"]: j["name"] for j in of_type(ev, "node_joined")}
+        self.assertEqual(joined[slow[0]["node"]], "local-1")
+        self.assertGreaterEqual(slow[0]["slowdown_permille"], 1500, slow)  # the measured ratio is the evidence
+        decided = of_type(ev, "recovery_decided")
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in decided][:1], [("straggler", "relaunch_node")])
+        self.assertIn("slower", decided[0]["rule"])
+        self.assertEqual([f for f in of_type(ev, "failure_observed") if f["kind"] == "hang"], [])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_master_killed_mid_run_resumes_from_its_log(self):
         run = LiveRun(self, spec(total_steps=200, data_shards=400))
         proc = run.start()
