@@ -3,6 +3,7 @@
 // of the losses, so the breakdown sums to wall time by construction (and is checked).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -78,7 +79,12 @@ class JobState {
   Duration productive() const { return progress_; }
   Duration loss(Loss l) const { return loss_[static_cast<size_t>(l)]; }
   Duration losses_total() const;
-  int64_t steps_done() const { return job_.step_time > 0 ? progress_ / job_.step_time : 0; }
+  // Steps of kept progress at the cost model's step time (a live job's real steps run a little faster or
+  // slower, so never more than the job has).
+  int64_t steps_done() const {
+    const int64_t s = job_.step_time > 0 ? progress_ / job_.step_time : 0;
+    return job_.total_steps > 0 ? std::min(s, job_.total_steps) : s;
+  }
   // Accelerator-ns held by the job, and accelerator-ns of kept progress.
   double accelerator_ns_held() const { return accel_held_; }
   double accelerator_ns_productive() const;
