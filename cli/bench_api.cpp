@@ -171,6 +171,29 @@ std::pair<double, double> cpu_rss(pid_t pid) {
 
 }  // namespace
 
+int spawn_master(const std::string& dir, const std::string& token, bool resume) {
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  const std::string spec = dir + "/job.json", run = dir + "/run";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("GOODPUT_TOKEN", token.c_str(), 1);
+    ::execl(self.c_str(), self.c_str(), "master", spec.c_str(), "--run-dir", run.c_str(), "--quiet",
+            resume ? "--resume" : nullptr, nullptr);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+std::string wait_for_master_url(const std::string& dir) {
+  std::string url;
+  for (int i = 0; i < 200 && url.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream in(dir + "/run/master.url");
+    std::getline(in, url);
+  }
+  return url;
+}
+
 int run_api_bench(const ApiBenchOptions& o) {
   rlimit nofile{};
   ::getrlimit(RLIMIT_NOFILE, &nofile);
@@ -203,20 +226,8 @@ int run_api_bench(const ApiBenchOptions& o) {
                  {"hang_timeout", "60s"}}
                 .dump();
   }
-  const std::string self = fs::canonical("/proc/self/exe").string();
-  const pid_t master = ::fork();
-  if (master == 0) {
-    ::setenv("GOODPUT_TOKEN", token.c_str(), 1);
-    const std::string spec = (dir / "job.json").string(), run = (dir / "run").string();
-    ::execl(self.c_str(), self.c_str(), "master", spec.c_str(), "--run-dir", run.c_str(), "--quiet", nullptr);
-    ::_exit(127);
-  }
-  std::string url;
-  for (int i = 0; i < 200 && url.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    std::ifstream in(dir / "run" / "master.url");
-    std::getline(in, url);
-  }
+  const pid_t master = spawn_master(dir.string(), token, false);
+  const std::string url = wait_for_master_url(dir.string());
   if (url.empty()) {
     std::fprintf(stderr, "goodput: the master did not start\n");
     ::kill(master, SIGKILL);

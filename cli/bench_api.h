@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace goodput {
 
@@ -22,6 +23,11 @@ struct CrashBenchOptions {
   int64_t steps = 400;
   uint64_t seed = 1;
 };
+
+// For both benchmarks: `goodput master DIR/job.json --run-dir DIR/run` as a child process with
+// GOODPUT_TOKEN=token, and its URL once it listens ("" if it did not start within 10 s).
+int spawn_master(const std::string& dir, const std::string& token, bool resume);
+std::string wait_for_master_url(const std::string& dir);
 
 // `goodput bench crash`: SIGKILL the master at random moments under load; returns an exit code
 // (0: every acknowledged event is in the log and the job completed).

@@ -131,21 +131,6 @@ class SimTrainerAgent {
   bool done_ = false, finished_ = false;
 };
 
-pid_t start_master(const std::string& self, const fs::path& dir, bool resume) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("GOODPUT_TOKEN", "crash-token", 1);
-    const std::string spec = (dir / "job.json").string(), run = (dir / "run").string();
-    if (resume)
-      ::execl(self.c_str(), self.c_str(), "master", spec.c_str(), "--run-dir", run.c_str(), "--quiet", "--resume",
-              nullptr);
-    else
-      ::execl(self.c_str(), self.c_str(), "master", spec.c_str(), "--run-dir", run.c_str(), "--quiet", nullptr);
-    ::_exit(127);
-  }
-  return pid;
-}
-
 }  // namespace
 
 int run_crash_bench(const CrashBenchOptions& o) {
@@ -164,14 +149,8 @@ int run_crash_bench(const CrashBenchOptions& o) {
                  {"hang_timeout", "60s"}}
                 .dump();
   }
-  const std::string self = fs::canonical("/proc/self/exe").string();
-  pid_t master = start_master(self, dir, false);
-  std::string url;
-  for (int i = 0; i < 200 && url.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    std::ifstream in(dir / "run" / "master.url");
-    std::getline(in, url);
-  }
+  pid_t master = spawn_master(dir.string(), "crash-token", false);
+  const std::string url = wait_for_master_url(dir.string());
   if (url.empty()) {
     std::fprintf(stderr, "goodput: the master did not start\n");
     return 1;
@@ -194,7 +173,7 @@ int run_crash_bench(const CrashBenchOptions& o) {
     ::kill(master, SIGKILL);
     ::waitpid(master, nullptr, 0);
     ++kills;
-    master = start_master(self, dir, true);
+    master = spawn_master(dir.string(), "crash-token", true);
     if (kills % 10 == 0) std::fprintf(stderr, "  %d kills\n", kills);
   }
   // Let the job finish with the last master.

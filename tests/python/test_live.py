@@ -97,6 +97,14 @@ class LiveRun:
                         out[(name, restart)] = [json.loads(l) for l in fh if l.strip()]
         return out
 
+    def wait_for_master(self):
+        for _ in range(100):
+            if os.path.exists(os.path.join(self.run_dir, "master.url")):
+                break
+            time.sleep(0.1)
+        time.sleep(0.2)
+        return self.url()
+
     def url(self):
         with open(os.path.join(self.run_dir, "master.url")) as f:
             return f.read().strip()
@@ -273,12 +281,7 @@ class LiveTest(unittest.TestCase):
         proc = subprocess.Popen([GOODPUT, "master", run.job_path, "--run-dir", run.run_dir, "--quiet"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            for _ in range(100):
-                if os.path.exists(os.path.join(run.run_dir, "master.url")):
-                    break
-                time.sleep(0.1)
-            time.sleep(0.2)
-            url = run.url()
+            url = run.wait_for_master()
 
             def post(path, body, token):
                 req = urllib.request.Request(url + path, data=body, method="POST",
@@ -329,12 +332,7 @@ class LiveLogTest(unittest.TestCase):
         args = [GOODPUT, "master", run.job_path, "--run-dir", run.run_dir, "--quiet"]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         try:
-            for _ in range(100):
-                if os.path.exists(os.path.join(run.run_dir, "master.url")):
-                    break
-                time.sleep(0.1)
-            time.sleep(0.2)
-            url = run.url()
+            url = run.wait_for_master()
 
             def register(name):
                 req = urllib.request.Request(url + "/v1/register", data=json.dumps({"name": name}).encode(),
