@@ -106,9 +106,12 @@ struct ServeOptions {
   bool local = true;  // run: start agents here; master: wait for agents from elsewhere
   std::string faults_path;
   bool quiet = false;
+  live::TlsFiles tls;  // both set: the API is HTTPS only
 };
 
 int serve(ServeOptions o) {
+  if (o.tls.cert_file.empty() != o.tls.key_file.empty())
+    throw LiveError("give both --tls-cert and --tls-key, or neither");
   live::JobSpec spec = live::load_job_spec(o.spec_path);
   if (o.run_dir.empty()) o.run_dir = "runs/" + spec.job;
   const fs::path run_dir = fs::absolute(o.run_dir);
@@ -156,6 +159,7 @@ int serve(ServeOptions o) {
   };
   std::optional<live::HttpServer> server_holder;
   try {
+    const bool tls = !o.tls.cert_file.empty();
     server_holder.emplace(io, o.listen, o.port, [&](const live::HttpRequest& r) {
       if (!master_ptr) return live::HttpResponse{503, "application/json", R"({"error":"starting"})"};
       try {
@@ -164,14 +168,18 @@ int serve(ServeOptions o) {
         stop_on_store_error(e);
         return live::HttpResponse{503, "application/json", R"({"error":"master stopping: event log unwritable"})"};
       }
-    });
+    }, 1 << 20, tls ? &o.tls : nullptr);
   } catch (const std::runtime_error& e) {
     std::cerr << "goodput: " << e.what() << "\n";
     return 1;
   }
   live::HttpServer& server = *server_holder;
-  const std::string url = "http://" + (o.listen == "0.0.0.0" ? std::string("127.0.0.1") : o.listen) + ":" +
+  const std::string url = (o.tls.cert_file.empty() ? "http://" : "https://") +
+                          (o.listen == "0.0.0.0" ? std::string("127.0.0.1") : o.listen) + ":" +
                           std::to_string(server.port());
+  // Local agents and their trainers trust the master's certificate (self-signed: its own CA).
+  if (!o.tls.cert_file.empty() && !std::getenv("GOODPUT_CA_FILE"))
+    ::setenv("GOODPUT_CA_FILE", fs::absolute(o.tls.cert_file).c_str(), 1);
   write_private((run_dir / "master.url").string(), url + "\n");
 
   std::optional<local::LocalNodes> nodes;
@@ -284,6 +292,9 @@ void add_live_commands(CLI::App& app, int& rc) {
   run->add_option("--port", run_o.port, "Master port (default: any free port; on --resume the old one)");
   run->add_flag("--resume", run_o.resume, "Continue the job in --run-dir after a master crash");
   run->add_flag("--quiet", run_o.quiet, "No progress lines");
+  run->add_option("--tls-cert", run_o.tls.cert_file, "Serve the API over HTTPS with this PEM certificate chain")
+      ->check(CLI::ExistingFile);
+  run->add_option("--tls-key", run_o.tls.key_file, "The certificate's PEM private key")->check(CLI::ExistingFile);
   run->callback([&rc] { rc = serve(run_o); });
 
   auto* master = app.add_subcommand("master", "Run only the job master; agents on other machines connect to it");
@@ -293,13 +304,17 @@ void add_live_commands(CLI::App& app, int& rc) {
   master->add_option("--port", master_o.port, "Port (default: any free port; on --resume the old one)");
   master->add_flag("--resume", master_o.resume, "Continue the job in --run-dir after a master crash");
   master->add_flag("--quiet", master_o.quiet, "No progress lines");
+  master->add_option("--tls-cert", master_o.tls.cert_file, "Serve the API over HTTPS with this PEM certificate chain")
+      ->check(CLI::ExistingFile);
+  master->add_option("--tls-key", master_o.tls.key_file, "The certificate's PEM private key")->check(CLI::ExistingFile);
   master->callback([&rc] {
     master_o.local = false;
     rc = serve(master_o);
   });
 
   static agent::AgentOptions ao;
-  auto* ag = app.add_subcommand("agent", "Run the node agent (reads the bearer token from GOODPUT_TOKEN)");
+  auto* ag = app.add_subcommand("agent", "Run the node agent (reads the bearer token from GOODPUT_TOKEN; "
+                                         "an https:// master is verified against GOODPUT_CA_FILE)");
   ag->add_option("--master", ao.master_url, "Master URL, http://host:port")->required();
   ag->add_option("--name", ao.name, "This node's name, unique in the job")->required();
   ag->add_option("--host", ao.host, "Address other ranks reach this node at")->capture_default_str();

@@ -3,39 +3,60 @@
 #include <fcntl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 namespace goodput::live {
 
 namespace asio = boost::asio;
+namespace ssl = asio::ssl;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 namespace {
 
 constexpr auto kIdleTimeout = std::chrono::seconds(30);
 
-class Session : public std::enable_shared_from_this<Session> {
- public:
-  Session(tcp::socket socket, const HttpServer::Handler& handler, size_t body_limit)
-      : stream_(std::move(socket)), handler_(handler), body_limit_(body_limit) {}
+beast::tcp_stream& lowest(beast::tcp_stream& s) { return s; }
+beast::tcp_stream& lowest(TlsStream& s) { return beast::get_lowest_layer(s); }
 
+// One connection: read a request, answer it, repeat while the client keeps it alive.
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  Session(Stream stream, const HttpServer::Handler& handler, size_t body_limit)
+      : stream_(std::move(stream)), handler_(handler), body_limit_(body_limit) {}
+
+  void start() {
+    if constexpr (std::is_same_v<Stream, TlsStream>) {
+      lowest(stream_).expires_after(kIdleTimeout);
+      stream_.async_handshake(ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+        if (!ec) self->read();  // a client that does not speak TLS is simply dropped
+      });
+    } else {
+      read();
+    }
+  }
+
+ private:
   void read() {
     parser_.emplace();
     parser_->body_limit(body_limit_);
     parser_->header_limit(16 * 1024);
-    stream_.expires_after(kIdleTimeout);
-    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+    lowest(stream_).expires_after(kIdleTimeout);
+    http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_read(ec);
     });
   }
 
- private:
   void on_read(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == asio::error::connection_reset) {
       close();
@@ -71,7 +92,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive);
     res->body() = r.body;
     res->prepare_payload();
-    http::async_write(stream_, *res, [self = shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
+    http::async_write(stream_, *res, [self = this->shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
       if (ec || !keep_alive) return self->close();
       self->read();
     });
@@ -79,10 +100,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void close() {
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    lowest(stream_).socket().shutdown(tcp::socket::shutdown_send, ec);
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   const HttpServer::Handler& handler_;
@@ -98,7 +119,13 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
       if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
       if (!ec) {
         ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
-        std::make_shared<Session>(std::move(socket), self->handler, self->body_limit)->read();
+        if (self->tls)
+          std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *self->tls), self->handler, self->body_limit)
+              ->start();
+        else
+          std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), self->handler,
+                                                       self->body_limit)
+              ->start();
       }
       self->accept();
     });
@@ -106,11 +133,23 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   tcp::acceptor acceptor;
   Handler handler;
   size_t body_limit;
+  std::optional<ssl::context> tls;
 };
 
 HttpServer::HttpServer(asio::io_context& io, const std::string& address, uint16_t port, Handler handler,
-                       size_t body_limit)
+                       size_t body_limit, const TlsFiles* tls)
     : impl_(std::make_shared<Impl>(io, std::move(handler), body_limit)) {
+  if (tls) {
+    impl_->tls.emplace(ssl::context::tls_server);
+    impl_->tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                            ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+    try {
+      impl_->tls->use_certificate_chain_file(tls->cert_file);
+      impl_->tls->use_private_key_file(tls->key_file, ssl::context::pem);
+    } catch (const boost::system::system_error& e) {
+      throw std::runtime_error("TLS: cannot use " + tls->cert_file + " / " + tls->key_file + ": " + e.what());
+    }
+  }
   const tcp::endpoint ep(asio::ip::make_address(address), port);
   impl_->acceptor.open(ep.protocol());
   // Processes this one starts (agents, trainers) must not inherit the listening socket: a master
@@ -134,20 +173,40 @@ void HttpServer::stop() {
 }
 
 Url Url::parse(const std::string& url) {
+  Url u;
   std::string rest = url;
   if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-  else if (rest.find("://") != std::string::npos) throw std::invalid_argument("only http:// URLs are supported: " + url);
+  else if (rest.rfind("https://", 0) == 0) {
+    rest = rest.substr(8);
+    u.tls = true;
+  } else if (rest.find("://") != std::string::npos) {
+    throw std::invalid_argument("only http:// and https:// URLs are supported: " + url);
+  }
   rest = rest.substr(0, rest.find('/'));
   const auto colon = rest.rfind(':');
   if (colon == std::string::npos || colon + 1 == rest.size()) throw std::invalid_argument("URL needs host:port: " + url);
-  return {rest.substr(0, colon), rest.substr(colon + 1)};
+  u.host = rest.substr(0, colon);
+  u.port = rest.substr(colon + 1);
+  return u;
 }
+
+namespace {
+
+template <class Stream>
+void exchange(Stream& stream, http::request<http::string_body>& req, beast::flat_buffer& buffer,
+              http::response<http::string_body>& res, bool& ok) {
+  http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+    if (ec) return;
+    http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) { ok = !ec; });
+  });
+}
+
+}  // namespace
 
 std::optional<HttpResponse> http_call(const Url& url, const std::string& method, const std::string& target,
                                       const std::string& token, const std::string& body, int timeout_ms) {
   asio::io_context io;
   tcp::resolver resolver(io);
-  beast::tcp_stream stream(io);
   http::request<http::string_body> req(http::string_to_verb(method), target, 11);
   req.set(http::field::host, url.host);
   if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
@@ -157,14 +216,32 @@ std::optional<HttpResponse> http_call(const Url& url, const std::string& method,
   beast::flat_buffer buffer;
   http::response<http::string_body> res;
   bool ok = false;
-  stream.expires_after(std::chrono::milliseconds(timeout_ms));
+  std::optional<ssl::context> ctx;
+  std::optional<TlsStream> tls;
+  std::optional<beast::tcp_stream> plain;
+  if (url.tls) {
+    // The master's certificate is checked against GOODPUT_CA_FILE (a self-signed certificate can
+    // be its own CA), else the system's trust store, and must name the host we asked for.
+    ctx.emplace(ssl::context::tls_client);
+    const char* ca = std::getenv("GOODPUT_CA_FILE");
+    if (ca && *ca) ctx->load_verify_file(ca);
+    else ctx->set_default_verify_paths();
+    ctx->set_verify_mode(ssl::verify_peer);
+    tls.emplace(io, *ctx);
+    tls->set_verify_callback(ssl::host_name_verification(url.host));
+    SSL_set_tlsext_host_name(tls->native_handle(), url.host.c_str());
+  } else {
+    plain.emplace(io);
+  }
+  beast::tcp_stream& low = tls ? beast::get_lowest_layer(*tls) : *plain;
+  low.expires_after(std::chrono::milliseconds(timeout_ms));
   resolver.async_resolve(url.host, url.port, [&](beast::error_code ec, tcp::resolver::results_type results) {
     if (ec) return;
-    stream.async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
+    low.async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
       if (ec) return;
-      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
-        if (ec) return;
-        http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) { ok = !ec; });
+      if (!tls) return exchange(*plain, req, buffer, res, ok);
+      tls->async_handshake(ssl::stream_base::client, [&](beast::error_code ec) {
+        if (!ec) exchange(*tls, req, buffer, res, ok);
       });
     });
   });

@@ -25,13 +25,19 @@ struct HttpResponse {
   std::string body;
 };
 
+// TLS for the server: a PEM certificate chain and its private key (OpenSSL).
+struct TlsFiles {
+  std::string cert_file;
+  std::string key_file;
+};
+
 class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
-  // Listens on address:port (port 0: any free port). Bodies over body_limit bytes are refused
-  // with 413 before they are read.
+  // Listens on address:port (port 0: any free port); with tls, speaks only HTTPS (TLS 1.2+).
+  // Bodies over body_limit bytes are refused with 413 before they are read.
   HttpServer(boost::asio::io_context& io, const std::string& address, uint16_t port, Handler handler,
-             size_t body_limit = 1 << 20);
+             size_t body_limit = 1 << 20, const TlsFiles* tls = nullptr);
   ~HttpServer();
   uint16_t port() const;
   void stop();
@@ -44,10 +50,13 @@ class HttpServer {
 struct Url {
   std::string host;
   std::string port;
-  static Url parse(const std::string& url);  // "http://host:port" (a trailing path is ignored)
+  bool tls = false;
+  static Url parse(const std::string& url);  // "http[s]://host:port" (a trailing path is ignored)
 };
 
-// One request; nullopt when the server could not be reached or did not answer within the timeout.
+// One request; nullopt when the server could not be reached, failed TLS verification, or did not
+// answer within the timeout. https:// verifies the server against GOODPUT_CA_FILE if set, else the
+// system's trust store.
 std::optional<HttpResponse> http_call(const Url& url, const std::string& method, const std::string& target,
                                       const std::string& token, const std::string& body, int timeout_ms);
 

@@ -24,6 +24,7 @@ import faulthandler
 import json
 import os
 import signal
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -51,6 +52,9 @@ class Session:
         self.restore_tier = e.get("GOODPUT_RESTORE_TIER", "none")
         self._master = e.get("GOODPUT_MASTER", "")
         self._token = e.get("GOODPUT_TOKEN", "")
+        # An https:// master is verified against GOODPUT_CA_FILE (or the system's trust store).
+        self._tls = ssl.create_default_context(cafile=e.get("GOODPUT_CA_FILE") or None) \
+            if self._master.startswith("https://") else None
         path = e.get("GOODPUT_PROGRESS_FILE", "")
         self._progress = open(path, "a", buffering=1) if path else None
         self.ckpt = FlashCheckpoint(self.job, self.rank, self.world_size,
@@ -162,7 +166,7 @@ class Session:
                                               "Content-Type": "application/json"})
         for attempt in range(50):  # the master may be restarting: keep trying for ~10 s
             try:
-                with urllib.request.urlopen(req, timeout=5) as resp:
+                with urllib.request.urlopen(req, timeout=5, context=self._tls) as resp:
                     return json.loads(resp.read())
             except urllib.error.HTTPError as err:
                 if err.code in allow:

@@ -3,8 +3,10 @@ starts one agent process per node, the agents start real PyTorch DDP trainers (g
 faults are real signals (SIGKILL, SIGSTOP) and a real memory limit (prlimit). Every assertion reads
 what the job left behind: the SQLite event log, the trainers' progress files, the checkpoints."""
 
+import http.client
 import json
 import os
+import ssl
 import random
 import signal
 import socket
@@ -323,6 +325,34 @@ class LiveTest(unittest.TestCase):
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=20)
+
+
+class LiveTlsTest(unittest.TestCase):
+    def test_a_job_runs_over_https_and_the_master_speaks_nothing_else(self):
+        run = LiveRun(self, spec(total_steps=60, data_shards=120))
+        cert, key = os.path.join(run.dir, "cert.pem"), os.path.join(run.dir, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                       check=True, capture_output=True)
+        run.args += ["--tls-cert", cert, "--tls-key", key]
+        proc = subprocess.Popen(run.args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            url = run.wait_for_master()
+            self.assertTrue(url.startswith("https://127.0.0.1:"), url)
+            ok = ssl.create_default_context(cafile=cert)
+            with urllib.request.urlopen(url + "/status", timeout=5, context=ok) as r:
+                self.assertEqual(r.status, 200)
+            with self.assertRaises(urllib.error.URLError):  # a certificate nobody vouches for
+                urllib.request.urlopen(url + "/status", timeout=5, context=ssl.create_default_context())
+            with self.assertRaises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+                urllib.request.urlopen("http://" + url[len("https://"):] + "/status", timeout=5)  # plain HTTP
+            out, _ = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 0)
+        self.assertIn("120 of 120 done", out)  # agents and trainers (shards) all went through TLS
 
 
 class LiveLogTest(unittest.TestCase):
