@@ -143,10 +143,15 @@ class LiveTest(unittest.TestCase):
         loaded = of_type(ev, "checkpoint_loaded")
         self.assertEqual(loaded[1]["tier"], "memory")
         restored = loaded[1]["step"]
-        self.assertTrue(0 < restored <= kill_at + 5 and restored % 20 == 0, (restored, kill_at))
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
         prog = run.progress()
+        # The fault reaches the trainer with its agent's next heartbeat, some steps after kill_at: the
+        # restore is the newest checkpoint (every 20 steps) before the killed rank's last step.
+        killed = {j["node"]: j["name"] for j in of_type(ev, "node_joined")}[failures[0]["node"]]
+        last = max(losses(prog[(killed, 0)]))
+        self.assertGreaterEqual(last, kill_at)
+        self.assertIn(restored, (last // 20 * 20, last // 20 * 20 - 20), (restored, last, kill_at))
         by_node = {}
         for (name, restart), recs in prog.items():
             by_node.setdefault(name, {})[restart] = recs
