@@ -94,8 +94,11 @@ class Persister {
         continue;
       }
       busy_ = true;
-      if (!ckpt_) ckpt_.emplace(*options_);
-      ckpt::FlashCheckpoint& c = *ckpt_;
+      if (!ckpt_) ckpt_ = std::make_shared<ckpt::FlashCheckpoint>(*options_);
+      // Our own reference: configure() may swap in the next restart's checkpoint meanwhile (a
+      // persist-on-exit still running when the new trainer starts), and this one must live on.
+      const std::shared_ptr<ckpt::FlashCheckpoint> held = ckpt_;
+      ckpt::FlashCheckpoint& c = *held;
       lock.unlock();
       std::vector<int64_t> steps;
       try {
@@ -108,7 +111,7 @@ class Persister {
       } catch (const std::exception&) {
       }
       lock.lock();
-      steps_ = steps;
+      if (held == ckpt_) steps_ = steps;  // else a listing of the previous restart's: configure() asked anew
       busy_ = false;
       cv_.notify_all();
     }
@@ -116,7 +119,7 @@ class Persister {
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<ckpt::Options> options_;
-  std::optional<ckpt::FlashCheckpoint> ckpt_;
+  std::shared_ptr<ckpt::FlashCheckpoint> ckpt_;
   std::vector<int64_t> steps_;
   bool wanted_ = false, busy_ = false, stop_ = false;
   std::thread thread_;
@@ -204,7 +207,7 @@ class Agent {
     auto next_beat = Steady::now();
     while (true) {
       bool urgent = reap();
-      read_progress();
+      urgent |= read_progress();
       if (urgent || Steady::now() >= next_beat) {
         const auto r = beat();
         next_beat = Steady::now() + interval_;
@@ -266,7 +269,7 @@ class Agent {
   json status() {
     json t{{"restart", t_.restart}, {"phase", t_.phase}, {"pid", t_.pid}, {"step", t_.step},
            {"progress_age_ms", ms_since(t_.last_progress)}, {"saves", t_.saves},
-           {"save_blocking_ns", t_.save_blocking_ns}, {"saved_step", t_.saved_step},
+           {"save_blocking_ns", t_.save_blocking_ns}, {"saved_step", t_.saved_step}, {"done", t_.done},
            {"storage_steps", persister_.storage_steps()}};
     if (t_.running()) t["stopped"] = process_stopped(t_.pid);
     if (t_.loaded) t["loaded"] = *t_.loaded;
@@ -478,10 +481,13 @@ class Agent {
     return true;
   }
 
-  void read_progress() {
-    if (t_.progress_path.empty()) return;
+  // True when the trainer reported something the master should hear now rather than at the next
+  // heartbeat: a phase change, a checkpoint or the last step (the report's accounting is only as
+  // precise as these times).
+  bool read_progress() {
+    if (t_.progress_path.empty()) return false;
     const int fd = ::open(t_.progress_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) return false;
     char buf[65536];
     while (true) {
       const ssize_t n = ::pread(fd, buf, sizeof buf, t_.progress_offset);
@@ -491,19 +497,21 @@ class Agent {
     }
     ::close(fd);
     size_t start = 0;
+    bool urgent = false;
     for (size_t nl; (nl = t_.partial_line.find('\n', start)) != std::string::npos; start = nl + 1)
-      on_progress(t_.partial_line.substr(start, nl - start));
+      urgent |= on_progress(t_.partial_line.substr(start, nl - start));
     t_.partial_line.erase(0, start);
+    return urgent;
   }
 
-  void on_progress(const std::string& line) {
+  bool on_progress(const std::string& line) {
     json j;
     try {
       j = json::parse(line);
     } catch (const std::exception&) {
-      return;  // not ours; the trainer may print anything
+      return false;  // not ours; the trainer may print anything
     }
-    if (!j.is_object()) return;
+    if (!j.is_object()) return false;
     t_.last_progress = Steady::now();
     const std::string ev = j.value("event", "");
     if (ev == "started") {
@@ -532,6 +540,7 @@ class Agent {
       t_.done = true;
       t_.step = j.value("step", t_.step);
     }
+    return ev != "step";
   }
 
   int shutdown() {

@@ -70,11 +70,15 @@ void JobState::accrue(Time until) {
   const Duration dt = until - accrued_to_;
   accrued_to_ = until;
   accel_held_ += static_cast<double>(dt) * held_count_ * job_.accelerators_per_node;
-  switch (phase()) {
+  const Phase ph = phase();
+  if (ph != Phase::Training) full_speed_since_ = kNever;
+  switch (ph) {
     case Phase::Training: {
       // Full-job-equivalent progress: capacity share of the world, divided by the straggler factor.
       const int32_t n = std::max(job_.nodes, 1);
       const bool full = training_world_ >= n;  // the usual case needs no 128-bit division
+      if (!full || slowdown_max_ != 1000) full_speed_since_ = kNever;
+      else if (full_speed_since_ == kNever) full_speed_since_ = until - dt;
       const Duration capacity =
           full ? dt : static_cast<Duration>(static_cast<__int128>(dt) * std::max(training_world_, 0) / n);
       const Duration kept =
@@ -112,6 +116,15 @@ void JobState::apply(const Event& e) {
           world_size_ = p.nodes;
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           if (stage_ == Stage::Training) {
+            // Other events may have credited training past the stall before anyone knew of it (a
+            // live master hears of a dead trainer a moment late). At full speed that credit is
+            // exactly the time: take it back, so the stall-to-notice time is all detection.
+            if (p.stalled_since < accrued_to_ && p.stalled_since >= full_speed_since_) {
+              const Duration back = accrued_to_ - p.stalled_since;
+              progress_ -= std::min(back, progress_);
+              accel_held_ -= static_cast<double>(back) * held_count_ * job_.accelerators_per_node;
+              accrued_to_ = p.stalled_since;
+            }
             // Progress stopped at stalled_since; the rest until now is detection latency.
             accrue(std::clamp(p.stalled_since, accrued_to_, now_));
             const Duration detection = now_ - accrued_to_;

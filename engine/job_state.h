@@ -108,6 +108,8 @@ class JobState {
   Time start_ = 0;
   Time now_ = 0;
   Time accrued_to_ = 0;
+  static constexpr Time kNever = INT64_MAX;
+  Time full_speed_since_ = kNever;  // training at full capacity and speed without a break since
   uint64_t last_seq_ = 0;
   Stage stage_ = Stage::None;
 

@@ -36,6 +36,11 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
   std::map<NodeId, Time> relaunched_at, failed_at;
   Time restart_at = -1, processes_at = -1;
   Duration restart_delay = 0;
+  int32_t restart_number = 0;
+  auto at = [](std::vector<Duration>& v, int32_t k) -> Duration& {
+    if (static_cast<size_t>(k) >= v.size()) v.resize(static_cast<size_t>(k) + 1, -1);
+    return v[k];
+  };
   std::vector<std::pair<NodeId, TraceEvent>> raw;  // events with log node ids, mapped at the end
   std::map<NodeId, size_t> open_slowdown;           // node -> index in raw of its running slowdown
 
@@ -77,11 +82,20 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
             first_world_done = true;
             restart_at = e.time;
             restart_delay = p.delay;
+            restart_number = p.restart;
           } else if constexpr (std::is_same_v<T, ProcessesStarted>) {
-            if (restart_at >= 0) restart.push_back(e.time - restart_at - restart_delay);
+            if (restart_at >= 0) {
+              restart.push_back(e.time - restart_at - restart_delay);
+              if (restart_number >= 0 && restart_number < 1'000'000)
+                at(t.job.measured_process_restart, restart_number) = restart.back();
+            }
             processes_at = e.time;
           } else if constexpr (std::is_same_v<T, RendezvousComplete>) {
-            if (processes_at >= 0) rendezvous.push_back(e.time - processes_at);
+            if (processes_at >= 0) {
+              rendezvous.push_back(e.time - processes_at);
+              if (restart_number >= 0 && restart_number < 1'000'000)
+                at(t.job.measured_rendezvous, restart_number) = rendezvous.back();
+            }
           } else if constexpr (std::is_same_v<T, FailureObserved>) {
             segment_save.reset();
             if (p.reason == "node unreachable during restart") return;  // a consequence, not a cause

@@ -445,7 +445,8 @@ void Simulator::handle(const Item& item) {
     case ItemKind::ProcessesUp:
       if (item.gen != restart_gen_) return;
       master_.observe(ProcessesStarted{restart_.world_size, restart_.restart});
-      queue_.push(clock_.now() + trace_.job.rendezvous, Item{ItemKind::RendezvousDone, 0, 0, restart_gen_});
+      queue_.push(clock_.now() + trace_.job.rendezvous_of(restart_.restart),
+                  Item{ItemKind::RendezvousDone, 0, 0, restart_gen_});
       return;
     case ItemKind::RendezvousDone:
       if (item.gen != restart_gen_) return;
@@ -528,7 +529,8 @@ void Simulator::execute(const Event& d) {
                         Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
             return;
           }
-          queue_.push(clock_.now() + p.delay + trace_.job.process_restart, Item{ItemKind::ProcessesUp, 0, 0, restart_gen_});
+          queue_.push(clock_.now() + p.delay + trace_.job.process_restart_of(p.restart),
+                      Item{ItemKind::ProcessesUp, 0, 0, restart_gen_});
         } else if constexpr (std::is_same_v<T, JobFinished>) {
           stop_training();
           finished_ = true;

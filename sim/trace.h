@@ -41,6 +41,19 @@ struct JobSpec {
   Duration exit_detection = 1 * kSecond;     // a process exit reaches the master
   Duration heartbeat_timeout = 30 * kSecond;  // a dead node is noticed
   Duration hang_timeout = 10 * kMinute;       // a hung job is noticed (NCCL default)
+  // Only in a trace made from a recorded log (`trace_from_log`), not in the file format: what
+  // restart k of that run took to start its processes and to form its group (-1: not measured).
+  // The simulator uses them for restart k, and the medians above otherwise, so a log replayed
+  // with its own policy follows the recorded timeline.
+  std::vector<Duration> measured_process_restart;
+  std::vector<Duration> measured_rendezvous;
+  Duration process_restart_of(int32_t restart) const { return measured(measured_process_restart, restart, process_restart); }
+  Duration rendezvous_of(int32_t restart) const { return measured(measured_rendezvous, restart, rendezvous); }
+
+ private:
+  static Duration measured(const std::vector<Duration>& v, int32_t k, Duration fallback) {
+    return k >= 0 && static_cast<size_t>(k) < v.size() && v[k] >= 0 ? v[k] : fallback;
+  }
 };
 
 enum class TraceEventType : uint8_t { NodeFailure, ProcessCrash, Hang, Slowdown, Maintenance, NodeReturn };

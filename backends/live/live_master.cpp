@@ -306,6 +306,7 @@ HttpResponse LiveMaster::on_heartbeat(const json& b) {
     tr.step = field_or<int64_t>(t, "step", 0);
     tr.last_progress = now - field_or<int64_t>(t, "progress_age_ms", 0) * kMillisecond;
     tr.stopped = field_or<bool>(t, "stopped", false);
+    tr.done = field_or<bool>(t, "done", false);
     tr.loss = t.contains("loss") && t["loss"].is_number() ? std::optional<double>(t["loss"].get<double>()) : std::nullopt;
     tr.work_median_s = field_or<double>(t, "work_median_s", -1);
     tr.work_mad_s = field_or<double>(t, "work_mad_s", -1);
@@ -321,7 +322,7 @@ HttpResponse LiveMaster::on_heartbeat(const json& b) {
     if (const auto x = t.find("exit"); x != t.end() && x->is_object()) {
       if (!tr.exited) tr.exited_at = now - field_or<int64_t>(*x, "age_ms", 0) * kMillisecond;
       tr.exited = true;
-      tr.done = field_or<bool>(*x, "done", false);
+      tr.done = tr.done || field_or<bool>(*x, "done", false);
       tr.exit_code = field_or<int32_t>(*x, "code", 0);
       tr.exit_signal = field_or<int32_t>(*x, "signal", 0);
       tr.exit_reason = field_or<std::string>(*x, "reason", "");
@@ -423,8 +424,8 @@ void LiveMaster::advance() {
                             phase == Phase::Training;
     if (!in_restart) return;
 
-    // Finished: every rank exited cleanly after its last step.
-    if (all([&](const Trainer& t) { return t.restart == gen && t.exited && t.done; })) {
+    // Finished: every rank reported its last step (done), whether or not its process is gone yet.
+    if (all([&](const Trainer& t) { return t.restart == gen && t.done && (!t.exited || t.exit_code == 0); })) {
       int64_t step = 0;
       for (Node* n : w) step = std::max(step, n->trainer.step);
       observe(JobFinished{"completed", step});

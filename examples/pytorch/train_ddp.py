@@ -56,13 +56,13 @@ def main():
                                 torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(args.hidden, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ddp = DDP(model)  # before the restore: its set-up is part of getting back to training
     step, state = s.restore()
     samples = 0
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         samples = state["samples"]
-    ddp = DDP(model)
     print(f"rank {s.rank}/{s.world_size} restart {s.restart}: starting after step {step} "
           f"(from {s.loaded_from[0]})", flush=True)
 

@@ -163,8 +163,10 @@ class LiveTest(unittest.TestCase):
             before, after = losses(gens[0]), losses(gens[1])
             self.assertEqual(min(after), restored + 1)
             overlap = [s for s in after if s in before]
-            self.assertTrue(overlap, "the restarted run re-did steps the killed one had done")
-            for s in overlap:  # bit-identical: same model, optimizer and data at every step
+            # Steps done after the checkpoint are done again (none if the kill came right after it),
+            # bit-identical: same model, optimizer and data at every step.
+            self.assertTrue(overlap or max(before) == restored, (name, max(before), restored))
+            for s in overlap:
                 self.assertEqual(before[s], after[s], f"{name} step {s}")
             self.assertEqual(max(after), 160)
 
