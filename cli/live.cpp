@@ -282,31 +282,29 @@ int serve(ServeOptions o) {
 
 }  // namespace
 
+// What `run` and `master` share: the job, where its files go, the port, resuming, TLS.
+static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_dir_help) {
+  cmd->add_option("job", o.spec_path, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--run-dir", o.run_dir, run_dir_help);
+  cmd->add_option("--port", o.port, "Master port (default: any free port; on --resume the old one)");
+  cmd->add_flag("--resume", o.resume, "Continue the job in --run-dir after a master crash");
+  cmd->add_flag("--quiet", o.quiet, "No progress lines");
+  cmd->add_option("--tls-cert", o.tls.cert_file, "Serve the API over HTTPS with this PEM certificate chain")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--tls-key", o.tls.key_file, "The certificate's PEM private key")->check(CLI::ExistingFile);
+}
+
 void add_live_commands(CLI::App& app, int& rc) {
   static ServeOptions run_o, master_o;
   auto* run = app.add_subcommand("run", "Run a job on this machine: master, local nodes and trainers, through failures");
-  run->add_option("job", run_o.spec_path, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
-  run->add_option("--run-dir", run_o.run_dir, "Where the event log, checkpoints and node logs go (default runs/JOB)");
+  add_serve_options(run, run_o, "Where the event log, checkpoints and node logs go (default runs/JOB)");
   run->add_option("--faults", run_o.faults_path, "Faults to inject: [{\"fault\":\"kill-process\",\"slot\":0,\"at_step\":40}]")
       ->check(CLI::ExistingFile);
-  run->add_option("--port", run_o.port, "Master port (default: any free port; on --resume the old one)");
-  run->add_flag("--resume", run_o.resume, "Continue the job in --run-dir after a master crash");
-  run->add_flag("--quiet", run_o.quiet, "No progress lines");
-  run->add_option("--tls-cert", run_o.tls.cert_file, "Serve the API over HTTPS with this PEM certificate chain")
-      ->check(CLI::ExistingFile);
-  run->add_option("--tls-key", run_o.tls.key_file, "The certificate's PEM private key")->check(CLI::ExistingFile);
   run->callback([&rc] { rc = serve(run_o); });
 
   auto* master = app.add_subcommand("master", "Run only the job master; agents on other machines connect to it");
-  master->add_option("job", master_o.spec_path, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
-  master->add_option("--run-dir", master_o.run_dir, "Where the event log and token go (default runs/JOB)");
+  add_serve_options(master, master_o, "Where the event log and token go (default runs/JOB)");
   master->add_option("--listen", master_o.listen, "Address to listen on")->capture_default_str();
-  master->add_option("--port", master_o.port, "Port (default: any free port; on --resume the old one)");
-  master->add_flag("--resume", master_o.resume, "Continue the job in --run-dir after a master crash");
-  master->add_flag("--quiet", master_o.quiet, "No progress lines");
-  master->add_option("--tls-cert", master_o.tls.cert_file, "Serve the API over HTTPS with this PEM certificate chain")
-      ->check(CLI::ExistingFile);
-  master->add_option("--tls-key", master_o.tls.key_file, "The certificate's PEM private key")->check(CLI::ExistingFile);
   master->callback([&rc] {
     master_o.local = false;
     rc = serve(master_o);

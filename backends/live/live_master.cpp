@@ -229,7 +229,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
     else if (path == "/v1/shards/complete") r = on_shards_complete(body);
     else if (path == "/v1/inject") r = on_inject(body);
     else return error(404, "no such endpoint: " + path);
-    advance();
+    if (path != "/v1/heartbeat" && path != "/v1/exit") advance();  // a heartbeat advanced before its answer
     return r;
   } catch (const BadRequest& e) {
     return error(400, e.what());
@@ -402,7 +402,10 @@ void LiveMaster::tick() {
     if (!n.gone && n.slot >= 0 && n.slot < world_ && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
       observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,
                               "no heartbeat for " + format_duration(now - n.last_heartbeat), n.last_heartbeat});
+  // Straggler statistics move slowly: weigh them on the tick, not on every heartbeat.
+  ticking_ = true;
   advance();
+  ticking_ = false;
 }
 
 void LiveMaster::advance() {
@@ -513,7 +516,7 @@ void LiveMaster::advance() {
         continue;
       }
     } else if (phase == Phase::Training) {
-      if (detect_stragglers(w)) continue;
+      if (ticking_ && detect_stragglers(w)) continue;
       int64_t saves = INT64_MAX, step = INT64_MAX, blocking = 0;
       for (Node* n : w) {
         const Trainer& t = n->trainer;

@@ -154,6 +154,7 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t saved_step_ = -1;               // newest step a CheckpointSaved in the log names
   std::optional<Time> settle_until_;      // a failure was seen; diagnose when this passes
   bool in_advance_ = false;
+  bool ticking_ = false;
   bool last_failure_hang_ = false;
   int64_t unauthorized_ = 0;
   std::map<NodeId, int32_t> straggler_permille_;  // the slowdown last reported per node
