@@ -130,6 +130,7 @@ void LiveMaster::append(const Event& e) {
                 slot_memory_[n.slot] = static_cast<int32_t>(int64_t{slot_memory_[n.slot]} * p.memory_permille / 1000);
               slots_[n.slot] = -1;
             }
+            n.former_slot = n.slot;
             n.slot = -1;
           }
         } else if constexpr (std::is_same_v<T, RestartJob>) {
@@ -165,11 +166,8 @@ void LiveMaster::execute(const Event& d) {
     const Node& n = nodes_[r->node];
     if (provider_) {
       provider_->terminate(n.name);
-      // The slot it held (append already vacated it) gets a fresh machine.
-      int32_t memory = 1000;
-      for (size_t s = 0; s < slots_.size(); ++s)
-        if (slots_[s] < 0) memory = std::max(memory, slot_memory_[s]);
-      provider_->launch(memory);
+      // The slot it held (append already vacated it) gets a fresh machine, with that slot's memory.
+      provider_->launch(n.former_slot >= 0 ? slot_memory_[n.former_slot] : 1000);
     }
   }
 }
@@ -583,19 +581,7 @@ nlohmann::ordered_json LiveMaster::status() const {
   const Report r = make_report(s);
   nlohmann::ordered_json out;
   out["job"] = spec_.job;
-  out["phase"] = [&] {
-    switch (s.phase()) {
-      case Phase::NotStarted: return "not_started";
-      case Phase::Scheduling: return "scheduling";
-      case Phase::Idle: return "idle";
-      case Phase::Restart: return "restarting";
-      case Phase::Rendezvous: return "rendezvous";
-      case Phase::CheckpointLoad: return "loading_checkpoint";
-      case Phase::Training: return "training";
-      case Phase::Finished: return "finished";
-    }
-    return "unknown";
-  }();
+  out["phase"] = std::string(to_string(s.phase()));
   if (s.finished()) out["finish_reason"] = r.end_reason;
   out["step"] = newest_step();
   if (world_ > 0 && slots_[0] >= 0)  // rank 0's latest loss, if its trainer reports one

@@ -110,6 +110,7 @@ class LiveMaster final : public Backend, public EventSink {
     std::string name;
     std::string host = "127.0.0.1";
     int32_t slot = -1;  // -1: a spare
+    int32_t former_slot = -1;  // the slot it held when it was relaunched
     bool gone = false;  // relaunched: this machine is out of the job for good
     Time last_heartbeat = 0;
     Trainer trainer;
