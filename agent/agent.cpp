@@ -37,6 +37,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+volatile sig_atomic_t g_terminate = 0;
+
 int64_t ms_since(Steady::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - t).count();
 }
@@ -203,15 +205,28 @@ class Agent {
 
   int run() {
     ::signal(SIGPIPE, SIG_IGN);
+    // SIGTERM: the node is being taken away (Ray stopping its job, a pod deleted): stop the
+    // trainer, let a running persist finish, free this node's host memory.
+    ::signal(SIGTERM, [](int) { g_terminate = 1; });
     if (!register_node()) return 1;
     auto next_beat = Steady::now();
     while (true) {
+      if (g_terminate) {
+        log(o_.name, "terminated (SIGTERM)");
+        shutdown();
+        persister_.remove_memory();
+        return 0;
+      }
       bool urgent = reap();
       urgent |= read_progress();
       if (urgent || Steady::now() >= next_beat) {
         const auto r = beat();
         next_beat = Steady::now() + interval_;
-        if (r == Beat::Exit) return shutdown();
+        if (r == Beat::Exit) {
+          shutdown();
+          persister_.remove_memory();  // the job is over, or this node is out of it
+          return 0;
+        }
         if (r != Beat::Unreachable) last_contact_ = Steady::now();
         if (ms_since(last_contact_) > o_.master_timeout_s * 1000) {
           log(o_.name, "no master for " + std::to_string(o_.master_timeout_s) + " s: giving up");

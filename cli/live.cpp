@@ -19,6 +19,7 @@
 #include "backends/live/http.h"
 #include "backends/live/live_master.h"
 #include "backends/local/local_nodes.h"
+#include "backends/ray/ray_nodes.h"
 #include "engine/json_reader.h"
 #include "report/report.h"
 
@@ -182,14 +183,30 @@ int serve(ServeOptions o) {
     ::setenv("GOODPUT_CA_FILE", fs::absolute(o.tls.cert_file).c_str(), 1);
   write_private((run_dir / "master.url").string(), url + "\n");
 
-  std::optional<local::LocalNodes> nodes;
-  if (o.local) {
-    nodes.emplace(local::LocalNodesOptions{fs::canonical("/proc/self/exe").string(), url, token,
-                                            spec.job + "-" + std::to_string(epoch / kSecond), run_dir.string()});
-    if (o.resume) nodes->adopt_existing();
-  }
+  // Where nodes come from: `run` asks the job's backend for them; `master` waits for agents.
   const std::string run_id = std::to_string(epoch / kSecond);
-  live::LiveMaster master(spec, std::move(policies), store, clock, nodes ? &*nodes : nullptr, token, run_id);
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  std::unique_ptr<live::NodeProvider> nodes;
+  if (o.local && spec.backend == "ray") {
+    ray::RayNodesOptions ro;
+    ro.spec = spec.ray;
+    if (!ro.spec.working_dir.empty()) ro.spec.working_dir = fs::absolute(ro.spec.working_dir).string();
+    ro.agent_binary = spec.ray.agent.empty() ? self : spec.ray.agent;
+    // The URL Ray's nodes reach the master at; without a port, the port it listens on.
+    ro.master_url = spec.ray.master_url.empty() ? url : spec.ray.master_url;
+    if (ro.master_url.find(':', ro.master_url.find("://") + 3) == std::string::npos)
+      ro.master_url += ":" + std::to_string(server.port());
+    ro.token = token;
+    ro.run = spec.job + "-" + run_id;
+    ro.adopt = o.resume;
+    nodes = std::make_unique<ray::RayNodes>(ro);
+  } else if (o.local) {
+    auto local = std::make_unique<local::LocalNodes>(
+        local::LocalNodesOptions{self, url, token, spec.job + "-" + run_id, run_dir.string()});
+    if (o.resume) local->adopt_existing();
+    nodes = std::move(local);
+  }
+  live::LiveMaster master(spec, std::move(policies), store, clock, nodes.get(), token, run_id);
   master_ptr = &master;
   std::cerr << "goodput: " << (master.resumed() ? "resumed" : "started") << " job " << spec.job << ": master at "
             << url << ", log " << db << "\n";
@@ -250,7 +267,8 @@ int serve(ServeOptions o) {
       if (nodes) {
         nodes->shut_down(interrupted ? 500 : 5000);
         // The job is over and storage has its checkpoints: free this run's host memory.
-        if (master.finished()) local::remove_shm_with_prefix("goodput-" + spec.job + "-" + run_id + "-");
+        if (master.finished() && spec.backend == "local")
+          local::remove_shm_with_prefix("goodput-" + spec.job + "-" + run_id + "-");
       }
       io.stop();
       return;
@@ -287,6 +305,8 @@ static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_di
   cmd->add_option("job", o.spec_path, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--run-dir", o.run_dir, run_dir_help);
   cmd->add_option("--port", o.port, "Master port (default: any free port; on --resume the old one)");
+  cmd->add_option("--listen", o.listen, "Address to listen on (0.0.0.0: agents on other machines, e.g. Ray nodes)")
+      ->capture_default_str();
   cmd->add_flag("--resume", o.resume, "Continue the job in --run-dir after a master crash");
   cmd->add_flag("--quiet", o.quiet, "No progress lines");
   cmd->add_option("--tls-cert", o.tls.cert_file, "Serve the API over HTTPS with this PEM certificate chain")
@@ -296,7 +316,8 @@ static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_di
 
 void add_live_commands(CLI::App& app, int& rc) {
   static ServeOptions run_o, master_o;
-  auto* run = app.add_subcommand("run", "Run a job on this machine: master, local nodes and trainers, through failures");
+  auto* run = app.add_subcommand("run", "Run a job through failures: the master here, nodes from the job's backend "
+                                        "(local processes, or Ray jobs on a Ray cluster)");
   add_serve_options(run, run_o, "Where the event log, checkpoints and node logs go (default runs/JOB)");
   run->add_option("--faults", run_o.faults_path, "Faults to inject: [{\"fault\":\"kill-process\",\"slot\":0,\"at_step\":40}]")
       ->check(CLI::ExistingFile);
@@ -304,7 +325,6 @@ void add_live_commands(CLI::App& app, int& rc) {
 
   auto* master = app.add_subcommand("master", "Run only the job master; agents on other machines connect to it");
   add_serve_options(master, master_o, "Where the event log and token go (default runs/JOB)");
-  master->add_option("--listen", master_o.listen, "Address to listen on")->capture_default_str();
   master->callback([&rc] {
     master_o.local = false;
     rc = serve(master_o);

@@ -205,12 +205,19 @@ void exchange(Stream& stream, http::request<http::string_body>& req, beast::flat
 
 std::optional<HttpResponse> http_call(const Url& url, const std::string& method, const std::string& target,
                                       const std::string& token, const std::string& body, int timeout_ms) {
+  Headers headers;
+  if (!token.empty()) headers.emplace_back("Authorization", "Bearer " + token);
+  return http_request(url, method, target, headers, body, timeout_ms);
+}
+
+std::optional<HttpResponse> http_request(const Url& url, const std::string& method, const std::string& target,
+                                         const Headers& headers, const std::string& body, int timeout_ms) {
   asio::io_context io;
   tcp::resolver resolver(io);
   http::request<http::string_body> req(http::string_to_verb(method), target, 11);
   req.set(http::field::host, url.host);
-  if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
   req.set(http::field::content_type, "application/json");
+  for (const auto& [name, value] : headers) req.set(name, value);
   req.body() = body;
   req.prepare_payload();
   beast::flat_buffer buffer;

@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 
@@ -59,5 +61,9 @@ struct Url {
 // system's trust store.
 std::optional<HttpResponse> http_call(const Url& url, const std::string& method, const std::string& target,
                                       const std::string& token, const std::string& body, int timeout_ms);
+// The same with any request headers (name, value); a body is sent as application/json.
+using Headers = std::vector<std::pair<std::string, std::string>>;
+std::optional<HttpResponse> http_request(const Url& url, const std::string& method, const std::string& target,
+                                         const Headers& headers, const std::string& body, int timeout_ms);
 
 }  // namespace goodput::live

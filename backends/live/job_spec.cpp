@@ -32,6 +32,42 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
     throw ConfigError(path + ": not valid JSON: " + e.what());
   }
 }
+RayBackendSpec ray_backend_from_json(const nlohmann::json& j, const std::string& where) {
+  ConfigReader r(j, where);
+  r.text("type", "");
+  RayBackendSpec b;
+  b.address = r.text("address", "");
+  if (b.address.rfind("http://", 0) != 0 && b.address.rfind("https://", 0) != 0)
+    r.fail("address", "is required: the Ray dashboard's URL, e.g. http://head:8265");
+  if (const nlohmann::json* h = r.child("headers")) {
+    if (!h->is_object()) r.fail("headers", "must be an object of header names to strings");
+    for (const auto& [k, v] : h->items()) {
+      if (!v.is_string()) r.fail("headers", "value of '" + k + "' must be a string");
+      b.headers.emplace_back(k, v.get<std::string>());
+    }
+  }
+  b.num_cpus = r.number("num_cpus", b.num_cpus, 0, 1e6);
+  b.num_gpus = r.number("num_gpus", b.num_gpus, 0, 1e6);
+  b.memory_mb = r.integer("memory_mb", 0, 0, int64_t{1} << 40);
+  if (const nlohmann::json* res = r.child("resources")) {
+    if (!res->is_object()) r.fail("resources", "must be an object of resource names to amounts");
+    for (const auto& [k, v] : res->items()) {
+      if (!v.is_number() || v.get<double>() < 0) r.fail("resources", "amount of '" + k + "' must be a number >= 0");
+      b.resources[k] = v.get<double>();
+    }
+  }
+  b.agent = r.text("agent", "");
+  b.working_dir = r.text("working_dir", "");
+  b.agent_host = r.text("agent_host", "");
+  b.master_url = r.text("master_url", "");
+  b.pending_timeout = r.duration("pending_timeout", b.pending_timeout);
+  b.poll_interval = r.duration("poll_interval", b.poll_interval);
+  if (b.pending_timeout <= 0) r.fail("pending_timeout", "must be positive");
+  if (b.poll_interval <= 0) r.fail("poll_interval", "must be positive");
+  r.finish();
+  return b;
+}
+
 }  // namespace
 
 JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, const std::string& base_dir) {
@@ -87,6 +123,19 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.failure_settle = r.duration("failure_settle", s.failure_settle);
   s.straggler_factor = r.number("straggler_factor", s.straggler_factor, 0, 1000);
   if (s.straggler_factor > 0 && s.straggler_factor < 1.05) r.fail("straggler_factor", "must be 0 (off) or above 1.05");
+  if (const nlohmann::json* b = r.child("backend")) {
+    const std::string at = (where.empty() ? "" : where + ".") + "backend";
+    const std::string type = b->is_string() ? b->get<std::string>()
+                             : b->is_object() && b->contains("type") && (*b)["type"].is_string() ? (*b)["type"].get<std::string>()
+                                                                                                : "";
+    if (type == "local" && b->is_string()) s.backend = "local";
+    else if (type == "ray" && b->is_object()) {
+      s.backend = "ray";
+      s.ray = ray_backend_from_json(*b, at);
+    } else {
+      r.fail("backend", "must be \"local\" or {\"type\": \"ray\", \"address\": \"http://head:8265\", ...}");
+    }
+  }
   if (s.heartbeat_interval <= 0) r.fail("heartbeat_interval", "must be positive");
   if (s.heartbeat_timeout < 2 * s.heartbeat_interval) r.fail("heartbeat_timeout", "must be at least twice heartbeat_interval");
   if (s.hang_timeout < s.heartbeat_timeout) r.fail("hang_timeout", "must be at least heartbeat_timeout");

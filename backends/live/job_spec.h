@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,23 @@
 #include "engine/time.h"
 
 namespace goodput::live {
+
+// Nodes on a Ray cluster: each node (agent + trainer) is one Ray job, submitted through the
+// dashboard's Jobs API and pinned by the resources it asks for.
+struct RayBackendSpec {
+  std::string address;  // the dashboard, http://head:8265
+  std::vector<std::pair<std::string, std::string>> headers;  // sent with every call (a proxy's Authorization)
+  double num_cpus = 1;
+  double num_gpus = 0;
+  int64_t memory_mb = 0;  // Ray's entrypoint_memory, scaled up after an OOM like the memory limit
+  std::map<std::string, double> resources;  // custom resources, e.g. {"trainer_slot": 1}
+  std::string agent;       // the goodput executable on Ray's nodes; empty: the master's own path
+  std::string working_dir;  // where agents run on Ray's nodes (relative: to where `goodput run` starts); empty: Ray's
+  std::string agent_host;  // --host for agents (the address other ranks reach them at); empty: the agent's default
+  std::string master_url;  // how Ray's nodes reach the master (http://host[:port]); empty: the URL it listens on
+  Duration pending_timeout = 120 * kSecond;  // a node's job still PENDING after this is given up and resubmitted
+  Duration poll_interval = 1 * kSecond;
+};
 
 struct JobSpec {
   std::string job;
@@ -35,6 +53,8 @@ struct JobSpec {
   Duration hang_timeout = 30 * kSecond;  // a trainer that reports nothing this long is hung
   Duration failure_settle = 300 * kMillisecond;  // collect the exits one failure causes, then diagnose
   double straggler_factor = 1.5;  // a rank doing this many times the typical rank's work per step; 0: off
+  std::string backend = "local";  // "local" or "ray"
+  RayBackendSpec ray;
 
   JobStarted job_started() const;
 };

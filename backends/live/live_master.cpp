@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <iostream>
 #include <sstream>
 
 #include <boost/asio/io_context.hpp>
@@ -36,6 +37,10 @@ Time LiveClock::now() const { return base_ + (clock_ns(CLOCK_MONOTONIC) - mono_s
 // ---- helpers ---------------------------------------------------------------------------------------
 
 namespace {
+
+// Nodes lost before they joined, in a row, before the job is failed: a node that cannot start
+// (a bad image or binary, an impossible resource request) must not be relaunched forever.
+constexpr int32_t kMaxLaunchesLost = 5;
 
 // Text from agents and request paths may hold any bytes: invalid UTF-8 is replaced, never thrown.
 HttpResponse reply(int status, const json& body) {
@@ -116,6 +121,8 @@ void LiveMaster::append(const Event& e) {
           n.name = p.name;
           n.slot = p.slot;
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
+          waiting_slots_.erase(p.slot);
+          launches_lost_ = 0;
           next_node_ = std::max(next_node_, p.node + 1);
         } else if constexpr (std::is_same_v<T, ShardsAssigned>) {
           last_assigned_[p.node] = p;
@@ -392,10 +399,7 @@ void LiveMaster::tick() {
   if (finished()) return;
   const Time now = clock_.now();
   if (provider_)
-    for (const std::string& name : provider_->lost())
-      for (auto& [id, n] : nodes_)
-        if (n.name == name && !n.gone && n.slot >= 0 && !finished())
-          observe(FailureObserved{id, FailureKind::NodeLost, 0, 0, "node process exited (" + name + ")", now});
+    for (const LostNode& lost : provider_->lost()) on_lost(lost, now);
   for (auto& [id, n] : nodes_)
     if (!n.gone && n.slot >= 0 && n.slot < world_ && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
       observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,
@@ -404,6 +408,34 @@ void LiveMaster::tick() {
   ticking_ = true;
   advance();
   ticking_ = false;
+}
+
+void LiveMaster::on_lost(const LostNode& lost, Time now) {
+  if (finished()) return;
+  for (auto& [id, n] : nodes_)
+    if (n.name == lost.name) {
+      if (!n.gone && n.slot >= 0) observe(FailureObserved{id, FailureKind::NodeLost, 0, 0, lost.reason, now});
+      return;
+    }
+  // A node that never joined: its machine never came (a Ray job stuck PENDING or refused, an
+  // agent that died at start). The vacant slot waits for a spare (NoSpareNode, once per slot: an
+  // elastic policy may shrink the world), and the provider is asked for another machine.
+  std::cerr << "goodput: node " << lost.name << " was lost before it joined: " << lost.reason << "\n";
+  if (lost.fatal || ++launches_lost_ > kMaxLaunchesLost) {
+    observe(JobFinished{(lost.fatal ? "failed: " : "failed: nodes keep failing before they join: ") + lost.reason,
+                        newest_step()});
+    return;
+  }
+  std::optional<int32_t> vacant;
+  for (int32_t s = 0; s < spec_.nodes && !vacant; ++s)
+    if (slots_[s] < 0) vacant = s;
+  if (!vacant) return;  // nobody is waiting for this node
+  for (int32_t s = 0; s < world_; ++s)
+    if (slots_[s] < 0 && waiting_slots_.insert(s).second) {
+      observe(NoSpareNode{s});
+      break;
+    }
+  provider_->launch(slot_memory_[*vacant]);
 }
 
 void LiveMaster::advance() {

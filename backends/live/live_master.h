@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,16 @@
 
 namespace goodput::live {
 
-// Where machines come from: the local backend starts agent processes, Kubernetes creates pods.
+// A node the provider saw die, and what it knows of why (an exit status, a Ray job's message and
+// log tail, a dead machine). The reason goes to the diagnosis table: "OutOfMemoryError" in it
+// reads as an OOM even though the whole node is gone.
+struct LostNode {
+  std::string name;
+  std::string reason;
+  bool fatal = false;  // a configuration error (Ray refused the job): trying again cannot help
+};
+
+// Where machines come from: the local backend starts agent processes, Ray runs them as Ray jobs.
 class NodeProvider {
  public:
   virtual ~NodeProvider() = default;
@@ -34,8 +44,10 @@ class NodeProvider {
   virtual void launch(int32_t memory_permille) = 0;
   // The node is out of the job: stop it for good (its host memory goes with it).
   virtual void terminate(const std::string& name) = 0;
-  // Names of nodes the provider saw die since the last call (process gone, pod deleted).
-  virtual std::vector<std::string> lost() = 0;
+  // Nodes the provider saw die since the last call (process gone, Ray job failed, machine dead).
+  virtual std::vector<LostNode> lost() = 0;
+  // The job is over: wait up to timeout_ms for nodes to leave on their own, then stop the rest.
+  virtual void shut_down(int timeout_ms) = 0;
 };
 
 // The master's clock: nanoseconds since the job started, from the log's epoch (wall clock, read
@@ -127,6 +139,7 @@ class LiveMaster final : public Backend, public EventSink {
   std::vector<Node*> world();  // nodes holding slots 0..world-1; empty if a slot is vacant
   void advance();              // turn agreement across the world into observations
   void observe(EventPayload p);
+  void on_lost(const LostNode& lost, Time now);
   bool detect_stragglers(const std::vector<Node*>& w);
   uint16_t pick_port() const;
 
@@ -157,6 +170,8 @@ class LiveMaster final : public Backend, public EventSink {
   bool in_advance_ = false;
   bool ticking_ = false;
   bool last_failure_hang_ = false;
+  std::set<int32_t> waiting_slots_;       // vacant slots reported as NoSpareNode
+  int32_t launches_lost_ = 0;             // nodes lost before they joined, since one last joined
   int64_t unauthorized_ = 0;
   std::map<NodeId, int32_t> straggler_permille_;  // the slowdown last reported per node
   std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart

@@ -85,14 +85,17 @@ void LocalNodes::terminate(const std::string& name) {
   remove_shm_with_prefix("goodput-" + o_.job + "-" + name + "-");
 }
 
-std::vector<std::string> LocalNodes::lost() {
-  std::vector<std::string> out;
+std::vector<live::LostNode> LocalNodes::lost() {
+  std::vector<live::LostNode> out;
   for (auto it = agents_.begin(); it != agents_.end();) {
     int st = 0;
     const pid_t r = ::waitpid(it->second, &st, WNOHANG);
     const bool gone = r == it->second || (r < 0 && errno == ECHILD && ::kill(it->second, 0) != 0);
     if (gone) {
-      out.push_back(it->first);
+      std::string why = "node process exited";  // adopted after a master restart: no status to read
+      if (r == it->second && WIFSIGNALED(st)) why = "node process killed by signal " + std::to_string(WTERMSIG(st));
+      else if (r == it->second && WIFEXITED(st)) why = "node process exited with code " + std::to_string(WEXITSTATUS(st));
+      out.push_back({it->first, why + " (" + it->first + ")"});
       it = agents_.erase(it);
     } else {
       ++it;

@@ -28,10 +28,8 @@ class LocalNodes final : public live::NodeProvider {
 
   void launch(int32_t memory_permille) override;
   void terminate(const std::string& name) override;
-  std::vector<std::string> lost() override;
-
-  // Waits up to timeout_ms for every agent to leave on its own, then kills the rest.
-  void shut_down(int timeout_ms);
+  std::vector<live::LostNode> lost() override;
+  void shut_down(int timeout_ms) override;
   // Agents that were started by an earlier master of this run (after a master crash) are
   // adopted from their pid files so they can still be terminated.
   void adopt_existing();

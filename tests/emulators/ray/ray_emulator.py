@@ -1,0 +1,418 @@
+#!/usr/bin/python3
+"""A Ray dashboard emulator for tests (Ray itself cannot be installed here).
+
+It speaks the wire format of the Ray Jobs REST API and the State API's node list exactly as the
+fixtures in shared/data/ray/ show it: JobDetails objects with the fixture's fields in its order,
+{"job_id", "submission_id"} for a submit, {"stopped"}, {"deleted"}, {"logs"}, the State API's
+{"result", "msg", "data": {"result": ListApiResponse}} envelope, and plain-text error bodies.
+The fixtures are read at start and every response is checked against their field sets.
+
+Jobs really run: a submitted entrypoint is a shell command started in its own session on this
+machine, placed on an emulated node whose free resources (CPU, GPU, memory, custom) fit what the
+job asks for, else it stays PENDING. Its output is the job's log, its exit status the job's fate
+(SUCCEEDED, or FAILED with Ray's "Job entrypoint command failed with exit code N" message).
+
+Faults for tests, on /_emulator/ (not part of Ray's API):
+  POST /_emulator/kill-node {"node_ip"}       the node turns DEAD, its jobs' processes are killed
+  POST /_emulator/oom {"submission_id"}       the job is killed by "the OOM killer", logs say so
+  POST /_emulator/faults {"count", "mode", "method", "path"}
+        the next `count` matching API requests fail: mode "500" (a text 500), "drop" (connection
+        closed, nothing done) or "drop-after" (the request is carried out, then the answer is lost)
+  POST /_emulator/hold {"count"}              the next `count` submitted jobs stay PENDING
+  GET  /_emulator/requests                    every API request seen: method, path, query, body
+Usage: ray_emulator.py --fixtures DIR --state-dir DIR [--nodes N] [--node-resources JSON]
+Prints "listening on http://127.0.0.1:PORT" once ready.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SUBMIT_FIELDS = {"entrypoint", "submission_id", "job_id", "runtime_env", "metadata", "entrypoint_num_cpus",
+                 "entrypoint_num_gpus", "entrypoint_memory", "entrypoint_resources"}
+OOM_LOG = ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+           "Memory on the node where the task was running exceeded the memory usage threshold of 0.95; "
+           "Ray killed this worker because it was the most recently scheduled task.\n")
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+class Cluster:
+    def __init__(self, fixtures, state_dir, nodes, node_resources):
+        def load(name):
+            with open(os.path.join(fixtures, name)) as f:
+                return f.read() if name.endswith(".txt") else json.load(f)
+
+        self.job_fields = list(load("jobs-get-response-running.json").keys())
+        self.version = load("version-response.json")
+        nodes_fixture = load("state-nodes-response.json")
+        self.node_fields = list(nodes_fixture["data"]["result"]["result"][0].keys())
+        self.list_fields = list(nodes_fixture["data"]["result"].keys())
+        self.submit_response_fields = list(load("jobs-submit-response.json").keys())
+        self.not_found = load("jobs-404.txt").strip()  # "Job <id> does not exist"
+        self.state_dir = state_dir
+        self.lock = threading.RLock()
+        self.jobs = {}  # submission_id -> job dict (internal)
+        self.order = []
+        self.requests = []
+        self.faults = []
+        self.hold = 0
+        self.job_counter = 1
+        self.nodes = []
+        for i in range(nodes):
+            node_id = hashlib.sha256(f"emulated-node-{i}".encode()).hexdigest()[:56]
+            ip = f"10.0.0.{5 + i}"
+            total = {"CPU": 8.0, "memory": 17179869184.0, "object_store_memory": 4294967296.0, f"node:{ip}": 1.0}
+            total.update(node_resources)
+            if i == 0:
+                total["node:__internal_head__"] = 1.0
+            self.nodes.append({"node_id": node_id, "node_ip": ip, "is_head_node": i == 0, "state": "ALIVE",
+                               "state_message": None, "node_name": ip, "resources_total": total,
+                               "labels": {"ray.io/node_id": node_id}, "start_time_ms": now_ms(), "end_time_ms": 0})
+        threading.Thread(target=self.schedule_loop, daemon=True).start()
+
+    # ---- the Jobs API --------------------------------------------------------------------------
+    def submit(self, body):
+        unknown = set(body) - SUBMIT_FIELDS
+        if unknown:
+            return 400, f"JobSubmitRequest.__init__() got an unexpected keyword argument '{sorted(unknown)[0]}'"
+        if not isinstance(body.get("entrypoint"), str) or not body["entrypoint"]:
+            return 400, "entrypoint must be a non-empty string"
+        with self.lock:
+            sid = body.get("submission_id") or f"raysubmit_{len(self.order) + 1:016d}"
+            if sid in self.jobs:
+                return 400, f"Job with submission_id {sid} already exists. Please use a different submission_id."
+            env = (body.get("runtime_env") or {}).get("env_vars") or {}
+            need = {"CPU": float(body.get("entrypoint_num_cpus") or 0), "GPU": float(body.get("entrypoint_num_gpus") or 0),
+                    "memory": float(body.get("entrypoint_memory") or 0)}
+            for k, v in (body.get("entrypoint_resources") or {}).items():
+                need[k] = float(v)
+            job = {"submission_id": sid, "job_id": None, "status": "PENDING", "entrypoint": body["entrypoint"],
+                   "message": "Job has not started yet. It may be waiting for resources (CPUs, GPUs, memory, custom "
+                              "resources) to become available.",
+                   "error_type": None, "start_time": now_ms(), "end_time": None, "metadata": body.get("metadata") or {},
+                   "runtime_env": body.get("runtime_env") or {}, "env": env, "need": need, "node": None,
+                   "proc": None, "driver_exit_code": None, "held": self.hold > 0, "log": os.path.join(self.state_dir, sid + ".log")}
+            self.hold = max(0, self.hold - 1)
+            self.jobs[sid] = job
+            self.order.append(sid)
+            self.schedule()
+            return 200, dict(zip(self.submit_response_fields, [sid, sid]))
+
+    def details(self, job):
+        node = job["node"]
+        running_or_ran = job["job_id"] is not None
+        d = {"type": "SUBMISSION", "job_id": job["job_id"], "submission_id": job["submission_id"],
+             "driver_info": {"id": job["job_id"], "node_ip_address": node["node_ip"], "pid": str(job["proc"].pid)}
+             if running_or_ran else None,
+             "status": job["status"], "entrypoint": job["entrypoint"], "message": job["message"],
+             "error_type": job["error_type"], "start_time": job["start_time"], "end_time": job["end_time"],
+             "metadata": job["metadata"], "runtime_env": job["runtime_env"],
+             "driver_agent_http_address": f"http://{node['node_ip']}:52365" if running_or_ran else None,
+             "driver_node_id": node["node_id"] if running_or_ran else None,
+             "driver_exit_code": job["driver_exit_code"]}
+        assert list(d.keys()) == self.job_fields, (list(d.keys()), self.job_fields)
+        return d
+
+    def find(self, ident):
+        with self.lock:
+            if ident in self.jobs:
+                return self.jobs[ident]
+            for j in self.jobs.values():
+                if j["job_id"] == ident:
+                    return j
+        return None
+
+    def stop(self, job):
+        with self.lock:
+            if job["status"] in ("STOPPED", "SUCCEEDED", "FAILED"):
+                return False
+            self.finish(job, "STOPPED", "Job was intentionally stopped.")
+            proc = job["proc"]
+        if proc:
+            # As Ray does: SIGTERM to the entrypoint's process group, SIGKILL if it lingers.
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            threading.Timer(3.0, self.kill_group, [proc]).start()
+        return True
+
+    @staticmethod
+    def kill_group(proc):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def finish(self, job, status, message, error_type=None):
+        job["status"], job["message"], job["error_type"] = status, message, error_type
+        job["end_time"] = now_ms()
+
+    def logs(self, job):
+        try:
+            with open(job["log"], errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    # ---- placement and processes -----------------------------------------------------------------
+    def free(self, node):
+        free = dict(node["resources_total"])
+        for j in self.jobs.values():
+            if j["node"] is node and j["status"] == "RUNNING":
+                for k, v in j["need"].items():
+                    free[k] = free.get(k, 0.0) - v
+        return free
+
+    def schedule(self):
+        with self.lock:
+            for sid in self.order:
+                job = self.jobs[sid]
+                if job["status"] != "PENDING" or job["held"]:
+                    continue
+                for node in self.nodes:
+                    if node["state"] != "ALIVE":
+                        continue
+                    free = self.free(node)
+                    if all(free.get(k, 0.0) >= v - 1e-9 for k, v in job["need"].items() if v > 0):
+                        self.start(job, node)
+                        break
+
+    def start(self, job, node):
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in job["env"].items()})
+        env["RAY_JOB_SUBMISSION_ID"] = job["submission_id"]
+        workdir = os.path.join(self.state_dir, job["submission_id"])
+        os.makedirs(workdir, exist_ok=True)
+        log = open(job["log"], "ab")
+        job["proc"] = subprocess.Popen(["/bin/bash", "-c", job["entrypoint"]], cwd=workdir, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        job["node"] = node
+        job["job_id"] = f"{self.job_counter:02x}000000"
+        self.job_counter += 1
+        job["status"], job["message"] = "RUNNING", "Job is currently running."
+        threading.Thread(target=self.wait, args=(job,), daemon=True).start()
+
+    def wait(self, job):
+        rc = job["proc"].wait()
+        with self.lock:
+            if job["status"] != "RUNNING":
+                return
+            job["driver_exit_code"] = rc
+            if rc == 0:
+                self.finish(job, "SUCCEEDED", "Job finished successfully.")
+            else:
+                tail = self.logs(job)[-20000:]
+                self.finish(job, "FAILED", f"Job entrypoint command failed with exit code {rc}, last available logs "
+                                           f"(truncated to 20,000 chars):\n{tail}", "JOB_ENTRYPOINT_COMMAND_ERROR")
+            self.schedule()
+
+    def schedule_loop(self):
+        while True:
+            time.sleep(0.1)
+            self.schedule()
+
+    # ---- faults ------------------------------------------------------------------------------------
+    def kill_node(self, ip):
+        with self.lock:
+            node = next((n for n in self.nodes if n["node_ip"] == ip or n["node_id"] == ip), None)
+            if node is None:
+                return False
+            node["state"], node["end_time_ms"] = "DEAD", now_ms()
+            node["state_message"] = "Unexpected termination: health check failed due to missing too many heartbeats"
+            for job in self.jobs.values():
+                if job["node"] is node and job["status"] == "RUNNING":
+                    self.finish(job, "FAILED", "Job supervisor actor died: the node it ran on is dead.",
+                                "JOB_SUPERVISOR_ACTOR_DIED")
+                    self.kill_group(job["proc"])
+            return True
+
+    def oom(self, sid):
+        with self.lock:
+            job = self.jobs.get(sid)
+            if job is None or job["status"] != "RUNNING":
+                return False
+            with open(job["log"], "a") as f:
+                f.write(OOM_LOG)
+            self.kill_group(job["proc"])  # wait() reports it FAILED with exit code -9 and the log tail
+            return True
+
+    def take_fault(self, method, path):
+        with self.lock:
+            for f in self.faults:
+                if f["count"] > 0 and f.get("method", method) == method and path.startswith(f.get("path", "/api/")):
+                    f["count"] -= 1
+                    return f["mode"]
+        return None
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    cluster = None
+    required_header = None
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def reply(self, status, body):
+        if isinstance(body, str):
+            data, ctype = body.encode(), "text/plain; charset=utf-8"
+        else:
+            data, ctype = json.dumps(body).encode(), "application/json"
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def drop(self):
+        self.close_connection = True  # nothing written: the client sees the connection close
+
+    def handle_any(self, method):
+        c = self.cluster
+        url = urllib.parse.urlsplit(self.path)
+        path, query = url.path, urllib.parse.parse_qs(url.query)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length).decode(errors="replace") if length else ""
+        if path.startswith("/_emulator/"):
+            return self.control(method, path, raw)
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw
+        with c.lock:
+            c.requests.append({"method": method, "path": path, "query": {k: v[0] for k, v in query.items()},
+                               "body": body, "time": time.time()})
+        if self.required_header:
+            name, value = self.required_header
+            if self.headers.get(name) != value:
+                return self.reply(401, "Unauthorized")
+        mode = c.take_fault(method, path)
+        if mode == "500":
+            return self.reply(500, "Internal Server Error: emulated dashboard failure")
+        if mode == "drop":
+            return self.drop()
+        status, out = self.route(method, path, query, body)
+        if mode == "drop-after":
+            return self.drop()
+        self.reply(status, out)
+
+    def route(self, method, path, query, body):
+        c = self.cluster
+        parts = [p for p in path.split("/") if p]
+        if method == "GET" and path == "/api/version":
+            return 200, c.version
+        if method == "GET" and path == "/api/v0/nodes":
+            with c.lock:
+                nodes = [dict(n) for n in c.nodes]
+            for n in nodes:
+                assert list(n.keys()) == c.node_fields
+            lst = {"total": len(nodes), "num_after_truncation": len(nodes), "num_filtered": len(nodes),
+                   "result": nodes, "partial_failure_warning": "", "warnings": None}
+            assert list(lst.keys()) == c.list_fields
+            return 200, {"result": True, "msg": "", "data": {"result": lst}}
+        if parts[:2] != ["api", "jobs"]:
+            return 404, "Not Found"
+        if len(parts) == 2:
+            if method == "POST":
+                if not isinstance(body, dict):
+                    return 400, "the request body must be a JSON object"
+                return c.submit(body)
+            if method == "GET":
+                with c.lock:
+                    return 200, [c.details(c.jobs[s]) for s in c.order]
+            return 405, "Method Not Allowed"
+        job = c.find(parts[2])
+        if job is None:
+            return 404, c.not_found.replace("raysubmit_doesnotexist", parts[2])
+        if len(parts) == 3 and method == "GET":
+            with c.lock:
+                return 200, c.details(job)
+        if len(parts) == 3 and method == "DELETE":
+            with c.lock:
+                if job["status"] not in ("STOPPED", "SUCCEEDED", "FAILED"):
+                    return 400, (f"Attempted to delete job '{job['submission_id']}', but it is in a non-terminal "
+                                 f"state {job['status']}.")
+                del c.jobs[job["submission_id"]]
+                c.order.remove(job["submission_id"])
+            return 200, {"deleted": True}
+        if len(parts) == 4 and parts[3] == "stop" and method == "POST":
+            return 200, {"stopped": c.stop(job)}
+        if len(parts) == 4 and parts[3] == "logs" and method == "GET":
+            return 200, {"logs": c.logs(job)}
+        return 404, "Not Found"
+
+    def control(self, method, path, raw):
+        c = self.cluster
+        body = json.loads(raw) if raw else {}
+        if method == "GET" and path == "/_emulator/requests":
+            with c.lock:
+                return self.reply(200, c.requests)
+        if method == "POST" and path == "/_emulator/kill-node":
+            return self.reply(200 if c.kill_node(body["node_ip"]) else 404, {"ok": True})
+        if method == "POST" and path == "/_emulator/oom":
+            return self.reply(200 if c.oom(body["submission_id"]) else 404, {"ok": True})
+        if method == "POST" and path == "/_emulator/faults":
+            with c.lock:
+                c.faults.append(body)
+            return self.reply(200, {"ok": True})
+        if method == "POST" and path == "/_emulator/hold":
+            with c.lock:
+                c.hold += int(body["count"])
+            return self.reply(200, {"ok": True})
+        return self.reply(404, "Not Found")
+
+    def do_GET(self):
+        self.handle_any("GET")
+
+    def do_POST(self):
+        self.handle_any("POST")
+
+    def do_DELETE(self):
+        self.handle_any("DELETE")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fixtures", required=True, help="shared/data/ray")
+    ap.add_argument("--state-dir", required=True, help="jobs' logs and working directories")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--node-resources", default="{}", help='extra resources on every node, e.g. {"goodput_node": 1}')
+    ap.add_argument("--require-header", help='"Name: value" every API request must carry')
+    a = ap.parse_args()
+    os.makedirs(a.state_dir, exist_ok=True)
+    Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes, json.loads(a.node_resources))
+    if a.require_header:
+        name, _, value = a.require_header.partition(":")
+        Handler.required_header = (name.strip(), value.strip())
+    server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+    server.daemon_threads = True
+
+    def stop(*_):
+        with Handler.cluster.lock:
+            for job in Handler.cluster.jobs.values():
+                if job["proc"] and job["proc"].poll() is None:
+                    Cluster.kill_group(job["proc"])
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""The Ray backend end to end. Ray cannot be installed here, so the cluster is the Ray dashboard
+emulator (tests/emulators/ray/ray_emulator.py): it speaks the Jobs and State APIs in the wire format
+of the fixtures in shared/data/ray/ and really runs what is submitted. `goodput run` submits one
+Ray job per node (a real `goodput agent`, which starts a real PyTorch DDP trainer); faults are the
+cluster's own (a job killed for memory, a node that dies, a job no node can take, a dashboard
+that fails or drops connections). Every assertion reads what the run left behind: the SQLite event
+log, and the requests the emulated dashboard received."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_live import GOODPUT, ROOT, LiveRun, of_type, spec  # noqa: E402
+
+FIXTURES = os.environ.get("GOODPUT_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")) + "/ray"
+EMULATOR = os.path.join(ROOT, "tests", "emulators", "ray", "ray_emulator.py")
+MiB = 1 << 20
+
+
+class Emulator:
+    def __init__(self, test, nodes=3, require_header=None):
+        self.dir = tempfile.mkdtemp(prefix="goodput-rayemu-")
+        args = [sys.executable, EMULATOR, "--fixtures", FIXTURES, "--state-dir", self.dir, "--nodes", str(nodes),
+                "--node-resources", json.dumps({"goodput_node": 1})]
+        if require_header:
+            args += ["--require-header", require_header]
+        self.headers = {}
+        if require_header:
+            name, _, value = require_header.partition(":")
+            self.headers[name.strip()] = value.strip()
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        test.addCleanup(subprocess.run, ["rm", "-rf", self.dir])
+        test.addCleanup(self.close)
+        line = self.proc.stdout.readline()
+        test.assertTrue(line.startswith("listening on "), line)
+        self.url = line.split()[-1]
+
+    def close(self):
+        self.proc.terminate()  # the emulator kills the process groups of the jobs it runs
+        self.proc.wait()
+        self.proc.stdout.close()
+        # Emulated machines share this one's /dev/shm: a node killed here leaves its host memory,
+        # which a real dead machine would take with it.
+        for path in glob.glob("/dev/shm/goodput-raytest-*"):
+            os.unlink(path)
+
+    def call(self, method, path, body=None, headers=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers=self.headers if headers is None else headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.headers.get("Content-Type"), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Content-Type"), e.read().decode()
+
+    def json(self, method, path, body=None):
+        status, _, text = self.call(method, path, body)
+        assert status == 200, (status, text)
+        return json.loads(text)
+
+    def jobs(self):
+        return {j["submission_id"]: j for j in self.json("GET", "/api/jobs/")}
+
+    def requests(self):
+        return self.json("GET", "/_emulator/requests")
+
+    def submits(self):
+        return [r["body"] for r in self.requests() if r["method"] == "POST" and r["path"] == "/api/jobs/"]
+
+    def job_of(self, node_name):
+        for j in self.jobs().values():
+            if j["metadata"].get("goodput_node") == node_name:
+                return j
+        raise AssertionError(f"no Ray job for node {node_name}")
+
+
+def ray_spec(emu, **over):
+    backend = {"type": "ray", "address": emu.url, "num_cpus": 1, "memory_mb": 512,
+               "resources": {"goodput_node": 1}, "pending_timeout": "60s", "poll_interval": "300ms"}
+    backend.update(over.pop("backend", {}))
+    return spec(job="raytest", backend=backend, **over)
+
+
+def wait_for_step(run, step, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
+                if json.loads(r.read())["step"] >= step:
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the job never reached step {step}")
+
+
+def decisions(events):
+    """What the policies decided, without the names and times that differ between runs."""
+    out = []
+    for e in events:
+        d = e["data"]
+        if e["type"] == "recovery_decided":
+            out.append(("recovery", d["diagnosis"], d["action"], d["memory_permille"]))
+        elif e["type"] == "restart_job":
+            out.append(("restart", d["restart"], d["world_size"], d["restore_tier"]))
+        elif e["type"] == "scale_decided":
+            out.append(("scale", d["from"], d["to"]))
+    return out
+
+
+class RayEmulatorWireFormatTest(unittest.TestCase):
+    """The emulator answers as the fixtures show Ray does, so the backend is tested against Ray's
+    wire format, not against itself."""
+
+    def fixture(self, name):
+        with open(os.path.join(FIXTURES, name)) as f:
+            return json.load(f)
+
+    def test_responses_have_the_fixtures_shapes(self):
+        emu = Emulator(self)
+        self.assertEqual(emu.json("GET", "/api/version").keys(), self.fixture("version-response.json").keys())
+        submit = dict(self.fixture("jobs-submit-request.json"), entrypoint="echo hello; exit 3",
+                      submission_id="raysubmit_wire")
+        submit["runtime_env"] = {"env_vars": submit["runtime_env"]["env_vars"]}  # no package upload here
+        out = emu.json("POST", "/api/jobs/", submit)
+        self.assertEqual(out, {"job_id": "raysubmit_wire", "submission_id": "raysubmit_wire"})
+        self.assertEqual(out.keys(), self.fixture("jobs-submit-response.json").keys())
+        status, ctype, text = emu.call("POST", "/api/jobs/", submit)  # the same submission_id again
+        self.assertEqual((status, ctype.split(";")[0]), (400, "text/plain"))
+        self.assertIn("already exists", text)
+        deadline = time.time() + 20
+        while emu.json("GET", "/api/jobs/raysubmit_wire")["status"] not in ("FAILED",) and time.time() < deadline:
+            time.sleep(0.1)
+        job = emu.json("GET", "/api/jobs/raysubmit_wire")
+        failed = self.fixture("jobs-get-response-failed.json")
+        self.assertEqual(list(job.keys()), list(failed.keys()))
+        self.assertEqual((job["status"], job["error_type"], job["driver_exit_code"]),
+                         ("FAILED", failed["error_type"], 3))
+        self.assertTrue(job["message"].startswith("Job entrypoint command failed with exit code 3, last available logs"))
+        self.assertEqual({k: type(v) for k, v in job["driver_info"].items()},
+                         {k: type(v) for k, v in failed["driver_info"].items()})
+        listed = emu.json("GET", "/api/jobs/")
+        self.assertIsInstance(listed, list)
+        self.assertEqual(list(listed[0].keys()), list(self.fixture("jobs-list-response.json")[0].keys()))
+        self.assertEqual(emu.json("GET", "/api/jobs/raysubmit_wire/logs"), {"logs": "hello\n"})
+        self.assertEqual(emu.json("POST", "/api/jobs/raysubmit_wire/stop"), {"stopped": False})
+        self.assertEqual(emu.json("DELETE", "/api/jobs/raysubmit_wire"), self.fixture("jobs-delete-response.json"))
+        status, ctype, text = emu.call("GET", "/api/jobs/raysubmit_wire")
+        with open(os.path.join(FIXTURES, "jobs-404.txt")) as f:
+            self.assertEqual((status, ctype.split(";")[0], text.strip()),
+                             (404, "text/plain", f.read().strip().replace("raysubmit_doesnotexist", "raysubmit_wire")))
+        nodes = emu.json("GET", "/api/v0/nodes?timeout=5")
+        want = self.fixture("state-nodes-response.json")
+        self.assertEqual(nodes.keys(), want.keys())
+        self.assertEqual(nodes["data"]["result"].keys(), want["data"]["result"].keys())
+        self.assertEqual(list(nodes["data"]["result"]["result"][0].keys()),
+                         list(want["data"]["result"]["result"][0].keys()))
+
+
+class RayBackendTest(unittest.TestCase):
+    def diag(self, run):
+        return f"\n--- stderr:\n{run.stderr[-3000:]}\n--- stdout:\n{run.stdout[-1500:]}"
+
+    def run_with(self, run, during=None, timeout=240):
+        proc = subprocess.Popen(run.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if during:
+                during()
+            run.stdout, run.stderr = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                run.stdout, run.stderr = proc.communicate()
+        return proc.returncode
+
+    def test_a_job_failed_for_memory_is_resubmitted_with_more_memory(self):
+        emu = Emulator(self)
+        run = LiveRun(self, ray_spec(emu, total_steps=160))
+
+        def oom():
+            run.wait_for_master()
+            wait_for_step(run, 40)
+            job = emu.job_of("ray-1")
+            self.assertEqual(emu.json("POST", "/_emulator/oom", {"submission_id": job["submission_id"]}), {"ok": True})
+
+        self.assertEqual(self.run_with(run, oom), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual(len(failures), 1, failures)
+        self.assertIn("FAILED", failures[0]["reason"])
+        self.assertIn("OutOfMemoryError", failures[0]["reason"], "the job's log tail reached the diagnosis")
+        self.assertEqual([(d["diagnosis"], d["action"], d["memory_permille"]) for d in of_type(ev, "recovery_decided")],
+                         [("out_of_memory", "relaunch_with_more_memory", 1500)])
+        submits = emu.submits()
+        self.assertEqual(len(submits), 3)
+        self.assertEqual([s["entrypoint_memory"] for s in submits], [512 * MiB, 512 * MiB, 768 * MiB])
+        self.assertIn("--memory-permille 1500", submits[2]["entrypoint"])
+        self.assertNotIn(run.token(), submits[2]["entrypoint"], "the token travels in env_vars, not the command")
+        self.assertEqual(submits[2]["runtime_env"]["env_vars"]["GOODPUT_TOKEN"], run.token())
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        # The State API was always asked with a timeout.
+        node_calls = [r for r in emu.requests() if r["path"] == "/api/v0/nodes"]
+        self.assertTrue(node_calls)
+        self.assertTrue(all("timeout" in r["query"] for r in node_calls))
+
+    def test_a_dead_node_is_replaced_on_another_node(self):
+        emu = Emulator(self)
+        run = LiveRun(self, ray_spec(emu, total_steps=160))
+        dead = {}
+
+        def kill_node():
+            run.wait_for_master()
+            wait_for_step(run, 50)
+            dead["ip"] = emu.job_of("ray-0")["driver_info"]["node_ip_address"]
+            emu.json("POST", "/_emulator/kill-node", {"node_ip": dead["ip"]})
+
+        self.assertEqual(self.run_with(run, kill_node), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual([f["kind"] for f in failures], ["node_lost"], failures)
+        self.assertIn(f"Ray node {dead['ip']}", failures[0]["reason"])
+        self.assertIn("DEAD", failures[0]["reason"])
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
+                         [("hardware_error", "relaunch_node")])
+        replacement = emu.job_of("ray-2")
+        self.assertNotEqual(replacement["driver_info"]["node_ip_address"], dead["ip"])
+        self.assertEqual(replacement["status"], "SUCCEEDED")
+        self.assertEqual([j["slot"] for j in of_type(ev, "node_joined")], [0, 1, 0])
+        self.assertEqual(of_type(ev, "checkpoint_loaded")[1]["tier"], "storage", "the dead node took its memory")
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
+    def test_a_job_stuck_pending_is_given_up_and_resubmitted(self):
+        emu = Emulator(self)
+        emu.json("POST", "/_emulator/hold", {"count": 1})  # the first node's job never gets a machine
+        run = LiveRun(self, ray_spec(emu, total_steps=80, backend={"pending_timeout": "2s"}))
+        self.assertEqual(self.run_with(run), 0, self.diag(run))
+        ev = run.events()
+        # The agent that did start took slot 0; slot 1 waited for a machine.
+        self.assertEqual(of_type(ev, "no_spare_node"), [{"slot": 1}])
+        jobs = emu.jobs()
+        held = emu.job_of("ray-0")
+        self.assertEqual(held["status"], "STOPPED")
+        self.assertEqual(len(jobs), 3, "one more submission replaced the stuck one")
+        self.assertEqual(of_type(ev, "failure_observed"), [], "a node that never joined is not a failure of the job")
+        self.assertIn("still PENDING after", run.stderr)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
+    def test_a_job_no_node_can_take_fails_with_a_reason_instead_of_looping(self):
+        emu = Emulator(self)
+        run = LiveRun(self, ray_spec(emu, total_steps=80,
+                                     backend={"pending_timeout": "500ms", "resources": {"goodput_node": 2}}))
+        self.assertEqual(self.run_with(run, timeout=120), 1, self.diag(run))
+        reason = of_type(run.events(), "job_finished")[-1]["reason"]
+        self.assertTrue(reason.startswith("failed: nodes keep failing before they join"), reason)
+        self.assertIn("no node has the resources", reason)
+        self.assertTrue(all(j["status"] == "STOPPED" for j in emu.jobs().values()), emu.jobs())
+
+    def test_dashboard_errors_are_retried_and_no_job_is_submitted_twice(self):
+        emu = Emulator(self, require_header="Authorization: Bearer ray-secret")
+        # The first two submits are carried out but their answers are lost; list calls fail with
+        # 500s and dropped connections for a while.
+        emu.json("POST", "/_emulator/faults", {"count": 2, "mode": "drop-after", "method": "POST", "path": "/api/jobs/"})
+        emu.json("POST", "/_emulator/faults", {"count": 3, "mode": "500", "method": "GET", "path": "/api/jobs/"})
+        emu.json("POST", "/_emulator/faults", {"count": 2, "mode": "drop", "method": "GET", "path": "/api/v0/nodes"})
+        run = LiveRun(self, ray_spec(emu, total_steps=80,
+                                     backend={"headers": {"Authorization": "Bearer ray-secret"}}))
+        self.assertEqual(self.run_with(run), 0, self.diag(run))
+        jobs = emu.jobs()
+        self.assertEqual(sorted(j["metadata"]["goodput_node"] for j in jobs.values()), ["ray-0", "ray-1"])
+        submits = emu.submits()
+        self.assertGreater(len(submits), 2, "the lost answers were retried")
+        self.assertEqual({s["submission_id"] for s in submits}, set(jobs))
+        # Each submission ran once: one log per job, one process per log.
+        self.assertEqual(len(glob.glob(os.path.join(emu.dir, "*.log"))), 2)
+        self.assertEqual(of_type(run.events(), "failure_observed"), [])
+        self.assertEqual(of_type(run.events(), "job_finished")[-1]["reason"], "completed")
+        status, _, _ = emu.call("GET", "/api/version", headers={})
+        self.assertEqual(status, 401, "the emulator does check the header")
+
+    def test_local_and_ray_make_the_same_decisions_for_the_same_faults(self):
+        faults = [{"fault": "kill-process", "slot": 1, "at_step": 40}, {"fault": "kill-node", "slot": 0, "at_step": 100}]
+        local = LiveRun(self, spec(total_steps=160), faults)
+        self.assertEqual(local.run(), 0, self.diag(local))
+        emu = Emulator(self)
+        ray = LiveRun(self, ray_spec(emu, total_steps=160), faults)
+        self.assertEqual(ray.run(), 0, self.diag(ray))
+        want = [("recovery", "software_error", "restart_process", 1000), ("recovery", "hardware_error", "relaunch_node", 1000)]
+        got_local, got_ray = decisions(local.events()), decisions(ray.events())
+        self.assertEqual([d for d in got_local if d[0] == "recovery"], want)
+        self.assertEqual(got_ray, got_local)
+        self.assertIn("FAILED", of_type(ray.events(), "failure_observed")[1]["reason"])
+
+
+if __name__ == "__main__":
+    unittest.main()
