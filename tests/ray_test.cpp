@@ -132,6 +132,10 @@ TEST_CASE("the client retries 5xx and lost answers, reads plain-text errors, and
       created = true;
       return {200, "application/json", fixture_text("jobs-submit-response.json")};
     }
+    if (r.target == "/api/jobs/goodput-x" && r.method == "DELETE") return {200, "application/json", fixture_text("jobs-delete-response.json")};
+    if (r.target == "/api/jobs/goodput-x/logs") return {200, "application/json", fixture_text("jobs-logs-response.json")};
+    if (r.target == "/api/jobs/goodput-x/stop") return {200, "application/json", fixture_text("jobs-stop-response.json")};
+    if (r.target == "/api/version") return {200, "application/json", fixture_text("version-response.json")};
     if (r.target == "/api/jobs/goodput-x") return {200, "application/json", fixture_text("jobs-get-response-running.json")};
     if (r.target.rfind("/api/jobs/", 0) == 0) return {404, "text/plain", not_found};
     if (r.target.rfind("/api/v0/nodes?", 0) == 0) return {200, "application/json", fixture_text("state-nodes-response.json")};
@@ -147,6 +151,11 @@ TEST_CASE("the client retries 5xx and lost answers, reads plain-text errors, and
   c.submit(r);
   c.submit(r);  // the retry of a submit whose answer was lost: not an error, not a second job
   CHECK(std::count(d.seen.begin(), d.seen.end(), "POST /api/jobs/") == 2);
+  CHECK(c.ray_version() == "2.40.0");
+  CHECK(c.job("goodput-x")->status == "RUNNING");
+  CHECK(c.logs("goodput-x") == "epoch 0 loss 2.31\nepoch 1 loss 1.02\n");
+  CHECK(c.stop("goodput-x"));
+  CHECK(c.remove("goodput-x"));
   CHECK(c.nodes(7).size() == 2);
   CHECK(d.seen.back() == "GET /api/v0/nodes?limit=10000&timeout=7");
   // A refusal is not retried, and says what the dashboard said.

@@ -244,6 +244,11 @@ void RayNodes::poll() {
 }
 
 void RayNodes::loop() {
+  try {
+    std::cerr << "goodput: ray: dashboard " << o_.spec.address << " runs Ray " << client_.ray_version() << "\n";
+  } catch (const RayError& e) {
+    std::cerr << "goodput: ray: " << e.what() << " (submissions wait for it)\n";
+  }
   if (o_.adopt) adopt();
   auto next_poll = std::chrono::steady_clock::now();
   for (;;) {
