@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers with libFuzzer (Debian clang) under ASan+UBSan: traces, policy JSON, event-log
-# lines, checkpoint files and the live master's agent API. Seeds come from the shipped traces and policies, a replay's event log
+# lines, checkpoint files, the live master's agent API, job specs and the Ray dashboard's answers. Seeds come from the shipped traces and policies, a replay's event log
 # and a real checkpoint. First replays every saved regression input, then fuzzes each target for
 # $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
 # fuzz/regressions/<target>/ with the fix so it is replayed from then on.
@@ -10,9 +10,13 @@ seconds=${1:-60}
 CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGOODPUT_FUZZ=ON >/dev/null
 cmake --build build-fuzz
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{trace,policy,event,checkpoint,api}
+mkdir -p "$corpus"/{trace,policy,event,checkpoint,api,backend}
 cp traces/*.jsonl "$corpus/trace/"
 cp examples/policies/*.json "$corpus/policy/"
+# Job specs, and the Ray dashboard's answers as the fixtures show them (read from shared/, not copied in).
+cp examples/pytorch/job.json "$corpus/backend/job.json"
+cp examples/unified/*.json "$corpus/backend/"
+if [ -d ../shared/data/ray ]; then cp ../shared/data/ray/*.json "$corpus/backend/"; fi
 # Event lines and a checkpoint file, made by the regular build (scripts/build.sh build).
 if [ -x build/goodput ]; then
   rm -f "$corpus/events.db"
@@ -39,7 +43,7 @@ printf '%s\n' $'/v1/register\t{"name":"a"}' $'/v1/register\t{"name":"b"}' \
   $'/v1/exit\t{"node":1,"trainer":{"restart":0,"phase":"exited","exit":{"code":1,"signal":0,"reason":"x","age_ms":3}}}' \
   $'/v1/inject\t{"fault":"hang","slot":0}' '/status' '/metrics' > "$corpus/api/session"
 status=0
-for t in trace policy event checkpoint api; do
+for t in trace policy event checkpoint api backend; do
   mkdir -p "build-fuzz/crashes/$t"
   if compgen -G "fuzz/regressions/$t/*" >/dev/null; then
     echo "fuzz_$t: replaying fuzz/regressions/$t"

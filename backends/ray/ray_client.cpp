@@ -93,7 +93,10 @@ std::vector<RayNode> parse_node_list(const json& j, const std::string& where) {
     r.node_ip = text_of(n, "node_ip");
     r.state = text_of(n, "state");
     r.state_message = text_of(n, "state_message");
-    r.is_head_node = n.value("is_head_node", false);
+    if (const auto it = n.find("is_head_node"); it != n.end() && !it->is_null()) {
+      need("is_head_node", it->is_boolean(), where, "must be true or false");
+      r.is_head_node = it->get<bool>();
+    }
     if (r.node_id.empty()) throw RayError(where + ": a node has no 'node_id'", 0, false);
     if (r.state != "ALIVE" && r.state != "DEAD")
       throw RayError(where + ": node " + r.node_id + ": field 'state' must be ALIVE or DEAD", 0, false);
@@ -141,8 +144,9 @@ json RayClient::call_json(const std::string& method, const std::string& target, 
 
 std::string RayClient::ray_version() {
   const json j = call_json("GET", "/api/version", "");
-  if (!j.is_object() || !j.contains("ray_version")) throw RayError("GET /api/version: no 'ray_version'", 200, false);
-  return text_of(j, "ray_version");
+  if (!j.is_object() || !j.contains("ray_version") || !j["ray_version"].is_string())
+    throw RayError("GET /api/version: field 'ray_version' must be a string", 200, false);
+  return j["ray_version"].get<std::string>();
 }
 
 void RayClient::submit(const SubmitRequest& request) {
@@ -174,19 +178,31 @@ std::optional<RayJob> RayClient::job(const std::string& submission_id) {
 
 std::vector<RayJob> RayClient::jobs() { return parse_job_list(call_json("GET", "/api/jobs/", ""), "GET /api/jobs/"); }
 
+namespace {
+// {"stopped": bool} / {"deleted": bool}
+bool flag(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_boolean())
+    throw RayError(where + ": field '" + key + "' must be true or false", 200, false);
+  return j[key].get<bool>();
+}
+}  // namespace
+
 bool RayClient::stop(const std::string& submission_id) {
-  const json j = call_json("POST", "/api/jobs/" + path_id(submission_id) + "/stop", "");
-  return j.value("stopped", false);
+  const std::string target = "/api/jobs/" + path_id(submission_id) + "/stop";
+  return flag(call_json("POST", target, ""), "stopped", "POST " + target);
 }
 
 bool RayClient::remove(const std::string& submission_id) {
-  const json j = call_json("DELETE", "/api/jobs/" + path_id(submission_id), "");
-  return j.value("deleted", false);
+  const std::string target = "/api/jobs/" + path_id(submission_id);
+  return flag(call_json("DELETE", target, ""), "deleted", "DELETE " + target);
 }
 
 std::string RayClient::logs(const std::string& submission_id) {
-  const json j = call_json("GET", "/api/jobs/" + path_id(submission_id) + "/logs", "");
-  return text_of(j, "logs");
+  const std::string target = "/api/jobs/" + path_id(submission_id) + "/logs";
+  const json j = call_json("GET", target, "");
+  if (!j.is_object() || !j.contains("logs") || !j["logs"].is_string())
+    throw RayError("GET " + target + ": field 'logs' must be a string", 200, false);
+  return j["logs"].get<std::string>();
 }
 
 std::vector<RayNode> RayClient::nodes(int timeout_s) {

@@ -153,8 +153,12 @@ void RayNodes::adopt() {
   for (;;) {
     try {
       for (const RayJob& j : client_.jobs()) {
-        if (j.metadata.value("goodput_run", "") != o_.run) continue;
-        const std::string name = j.metadata.value("goodput_node", "");
+        auto meta = [&](const char* key) {
+          const auto it = j.metadata.find(key);
+          return it != j.metadata.end() && it->is_string() ? it->get<std::string>() : std::string();
+        };
+        if (meta("goodput_run") != o_.run) continue;
+        const std::string name = meta("goodput_node");
         if (name.rfind("ray-", 0) != 0) continue;
         std::lock_guard lock(mu_);
         counter_ = std::max(counter_, std::atoi(name.c_str() + 4) + 1);
@@ -244,12 +248,29 @@ void RayNodes::poll() {
 }
 
 void RayNodes::loop() {
+  // Nothing may escape this thread (std::terminate would take the master down with it).
+  while (true) {
+    try {
+      work();
+      return;
+    } catch (const std::exception& e) {
+      std::cerr << "goodput: ray: unexpected error, carrying on: " << e.what() << "\n";
+      std::unique_lock lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_; })) return;
+    }
+  }
+}
+
+void RayNodes::work() {
   try {
     std::cerr << "goodput: ray: dashboard " << o_.spec.address << " runs Ray " << client_.ray_version() << "\n";
   } catch (const RayError& e) {
     std::cerr << "goodput: ray: " << e.what() << " (submissions wait for it)\n";
   }
-  if (o_.adopt) adopt();
+  if (o_.adopt) {
+    adopt();
+    o_.adopt = false;
+  }
   auto next_poll = std::chrono::steady_clock::now();
   for (;;) {
     std::optional<Command> c;

@@ -67,6 +67,7 @@ class RayNodes final : public live::NodeProvider {
   };
 
   void loop();
+  void work();
   void adopt();
   bool run_command(const Command& c);  // false: the dashboard could not be reached; try again later
   void poll();
