@@ -19,6 +19,7 @@
 #include "backends/live/http.h"
 #include "backends/live/live_master.h"
 #include "backends/local/local_nodes.h"
+#include "backends/kubernetes/kube_nodes.h"
 #include "backends/ray/ray_nodes.h"
 #include "engine/json_reader.h"
 #include "report/report.h"
@@ -200,6 +201,28 @@ int serve(ServeOptions o) {
     ro.run = spec.job + "-" + run_id;
     ro.adopt = o.resume;
     nodes = std::make_unique<ray::RayNodes>(ro);
+  } else if (o.local && spec.backend == "kubernetes") {
+    kube::KubeNodesOptions ko;
+    ko.spec = spec.kube;
+    try {
+      ko.config = spec.kube.kubeconfig.empty() ? kube::in_cluster_config()
+                                               : kube::load_kubeconfig(spec.kube.kubeconfig, spec.kube.context);
+    } catch (const kube::KubeError& e) {
+      throw LiveError(o.spec_path + ": backend: " + e.what());
+    }
+    ko.master_url = spec.kube.master_url.empty() ? url : spec.kube.master_url;
+    if (ko.master_url.find(':', ko.master_url.find("://") + 3) == std::string::npos)
+      ko.master_url += ":" + std::to_string(server.port());
+    ko.token = token;
+    ko.job = spec.job;
+    ko.run = spec.job + "-" + run_id;
+    ko.adopt = o.resume;
+    try {
+      nodes = std::make_unique<kube::KubeNodes>(ko);
+    } catch (const kube::KubeError& e) {
+      std::cerr << "goodput: kubernetes: " << e.what() << "\n";
+      return 1;
+    }
   } else if (o.local) {
     auto local = std::make_unique<local::LocalNodes>(
         local::LocalNodesOptions{self, url, token, spec.job + "-" + run_id, run_dir.string()});

@@ -191,7 +191,7 @@ TEST_CASE("a job spec's Ray backend is checked field by field") {
     return std::string("no error");
   };
   CHECK(error_of(R"({"type":"ray"})") == "field 'backend.address' is required: the Ray dashboard's URL, e.g. http://head:8265");
-  CHECK(error_of(R"("kubernetes")").find("field 'backend' must be \"local\" or") == 0);
+  CHECK(error_of(R"("kubernetes")").find("field 'backend' must be \"local\", {") == 0);  // an object with an image
   CHECK(error_of(R"({"type":"ray","address":"http://h:8265","num_gpu":1})").find("num_gpu") != std::string::npos);
   CHECK(error_of(R"({"type":"ray","address":"http://h:8265","resources":{"x":-1}})").find("resources") != std::string::npos);
   const live::JobSpec s = live::job_spec_from_json(

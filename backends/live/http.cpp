@@ -210,51 +210,174 @@ std::optional<HttpResponse> http_call(const Url& url, const std::string& method,
   return http_request(url, method, target, headers, body, timeout_ms);
 }
 
-std::optional<HttpResponse> http_request(const Url& url, const std::string& method, const std::string& target,
-                                         const Headers& headers, const std::string& body, int timeout_ms) {
-  asio::io_context io;
-  tcp::resolver resolver(io);
+namespace {
+
+// A client's TLS context: the given CA (file or PEM) or GOODPUT_CA_FILE or the system's store; a
+// client certificate if given; verification always on unless `insecure` is asked for.
+std::unique_ptr<ssl::context> client_context(const TlsClient* t) {
+  auto ctx = std::make_unique<ssl::context>(ssl::context::tls_client);
+  const char* env_ca = std::getenv("GOODPUT_CA_FILE");
+  if (t && !t->ca_pem.empty()) ctx->add_certificate_authority(asio::buffer(t->ca_pem));
+  else if (t && !t->ca_file.empty()) ctx->load_verify_file(t->ca_file);
+  else if (env_ca && *env_ca) ctx->load_verify_file(env_ca);
+  else ctx->set_default_verify_paths();
+  if (t && !t->cert_pem.empty()) {
+    ctx->use_certificate_chain(asio::buffer(t->cert_pem));
+    ctx->use_private_key(asio::buffer(t->key_pem), ssl::context::pem);
+  }
+  ctx->set_verify_mode(t && t->insecure ? ssl::verify_none : ssl::verify_peer);
+  return ctx;
+}
+
+// One connection, plain or TLS, connected (and handshaken) within the io_context's run.
+struct Connection {
+  Connection(asio::io_context& io, const Url& url, const TlsClient* t) : resolver(io) {
+    if (url.tls) {
+      ctx = client_context(t);
+      tls.emplace(io, *ctx);
+      if (!(t && t->insecure)) tls->set_verify_callback(ssl::host_name_verification(url.host));
+      SSL_set_tlsext_host_name(tls->native_handle(), url.host.c_str());
+    } else {
+      plain.emplace(io);
+    }
+  }
+  beast::tcp_stream& low() { return tls ? beast::get_lowest_layer(*tls) : *plain; }
+  // then(ok) once connected (and the TLS handshake is done), or with ok = false.
+  void open(const Url& url, std::function<void(bool)> then) {
+    resolver.async_resolve(url.host, url.port, [this, then](beast::error_code ec, tcp::resolver::results_type results) {
+      if (ec) return then(false);
+      low().async_connect(results, [this, then](beast::error_code ec, const tcp::endpoint&) {
+        if (ec) return then(false);
+        if (!tls) return then(true);
+        tls->async_handshake(ssl::stream_base::client, [then](beast::error_code ec) { then(!ec); });
+      });
+    });
+  }
+  template <class F> void with_stream(F&& f) {
+    if (tls) f(*tls);
+    else f(*plain);
+  }
+  tcp::resolver resolver;
+  std::unique_ptr<ssl::context> ctx;
+  std::optional<TlsStream> tls;
+  std::optional<beast::tcp_stream> plain;
+};
+
+http::request<http::string_body> make_request(const Url& url, const std::string& method, const std::string& target,
+                                              const Headers& headers, const std::string& body) {
   http::request<http::string_body> req(http::string_to_verb(method), target, 11);
   req.set(http::field::host, url.host);
-  req.set(http::field::content_type, "application/json");
+  if (!body.empty()) req.set(http::field::content_type, "application/json");
   for (const auto& [name, value] : headers) req.set(name, value);
   req.body() = body;
   req.prepare_payload();
+  return req;
+}
+
+}  // namespace
+
+std::optional<HttpResponse> http_request(const Url& url, const std::string& method, const std::string& target,
+                                         const Headers& headers, const std::string& body, int timeout_ms,
+                                         const TlsClient* tls) {
+  asio::io_context io;
+  auto req = make_request(url, method, target, headers, body);
   beast::flat_buffer buffer;
   http::response<http::string_body> res;
   bool ok = false;
-  std::optional<ssl::context> ctx;
-  std::optional<TlsStream> tls;
-  std::optional<beast::tcp_stream> plain;
-  if (url.tls) {
-    // The master's certificate is checked against GOODPUT_CA_FILE (a self-signed certificate can
-    // be its own CA), else the system's trust store, and must name the host we asked for.
-    ctx.emplace(ssl::context::tls_client);
-    const char* ca = std::getenv("GOODPUT_CA_FILE");
-    if (ca && *ca) ctx->load_verify_file(ca);
-    else ctx->set_default_verify_paths();
-    ctx->set_verify_mode(ssl::verify_peer);
-    tls.emplace(io, *ctx);
-    tls->set_verify_callback(ssl::host_name_verification(url.host));
-    SSL_set_tlsext_host_name(tls->native_handle(), url.host.c_str());
-  } else {
-    plain.emplace(io);
-  }
-  beast::tcp_stream& low = tls ? beast::get_lowest_layer(*tls) : *plain;
-  low.expires_after(std::chrono::milliseconds(timeout_ms));
-  resolver.async_resolve(url.host, url.port, [&](beast::error_code ec, tcp::resolver::results_type results) {
-    if (ec) return;
-    low.async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
-      if (ec) return;
-      if (!tls) return exchange(*plain, req, buffer, res, ok);
-      tls->async_handshake(ssl::stream_base::client, [&](beast::error_code ec) {
-        if (!ec) exchange(*tls, req, buffer, res, ok);
-      });
-    });
+  Connection c(io, url, tls);
+  c.low().expires_after(std::chrono::milliseconds(timeout_ms));
+  c.open(url, [&](bool connected) {
+    if (connected) c.with_stream([&](auto& s) { exchange(s, req, buffer, res, ok); });
   });
   io.run_for(std::chrono::milliseconds(timeout_ms + 100));
   if (!ok) return std::nullopt;
-  return HttpResponse{static_cast<int>(res.result_int()), std::string(res[http::field::content_type]), res.body()};
+  HttpResponse out{static_cast<int>(res.result_int()), std::string(res[http::field::content_type]), res.body()};
+  out.retry_after = std::string(res[http::field::retry_after]);
+  return out;
+}
+
+StreamResult http_stream(const Url& url, const std::string& method, const std::string& target, const Headers& headers,
+                         const TlsClient* tls, int idle_timeout_ms, const std::atomic<bool>& cancel,
+                         const std::function<void(std::string_view)>& on_data) {
+  asio::io_context io;
+  auto req = make_request(url, method, target, headers, "");
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(boost::none);  // a watch has no end
+  StreamResult result;
+  std::string error_body;
+  char piece[16384];
+  bool finished = false;
+  Connection c(io, url, tls);
+  auto idle = std::chrono::milliseconds(idle_timeout_ms);
+  c.low().expires_after(idle);
+  std::function<void()> read_body;
+  c.with_stream([&](auto& s) {
+    read_body = [&] {
+      parser.get().body().data = piece;
+      parser.get().body().size = sizeof piece;
+      c.low().expires_after(idle);
+      http::async_read_some(s, buffer, parser, [&](beast::error_code ec, size_t) {
+        if (ec == http::error::need_buffer) ec = {};
+        const size_t n = sizeof piece - parser.get().body().size;
+        if (n > 0) {
+          if (result.status == 200) on_data(std::string_view(piece, n));
+          else if (error_body.size() < 65536) error_body.append(piece, n);
+        }
+        if (ec) {
+          result.error = ec.message();
+          finished = true;
+          return;
+        }
+        if (parser.is_done()) {
+          result.completed = true;
+          finished = true;
+          return;
+        }
+        if (cancel) {
+          result.error = "cancelled";
+          finished = true;
+          return;
+        }
+        read_body();
+      });
+    };
+  });
+  c.open(url, [&](bool connected) {
+    if (!connected) {
+      result.error = "cannot connect";
+      finished = true;
+      return;
+    }
+    c.with_stream([&](auto& s) {
+      http::async_write(s, req, [&](beast::error_code ec, size_t) {
+        if (ec) {
+          result.error = ec.message();
+          finished = true;
+          return;
+        }
+        http::async_read_header(s, buffer, parser, [&](beast::error_code ec, size_t) {
+          if (ec) {
+            result.error = ec.message();
+            finished = true;
+            return;
+          }
+          result.status = static_cast<int>(parser.get().result_int());
+          result.retry_after = std::string(parser.get()[http::field::retry_after]);
+          read_body();
+        });
+      });
+    });
+  });
+  while (!finished && !io.stopped()) {
+    io.run_for(std::chrono::milliseconds(200));
+    if (cancel && !finished) {
+      result.error = "cancelled";
+      break;
+    }
+  }
+  if (result.status != 200) result.body = std::move(error_body);
+  return result;
 }
 
 }  // namespace goodput::live

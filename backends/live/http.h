@@ -2,11 +2,13 @@
 // hands each request to one handler on the io_context's thread, and a blocking client with a deadline.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +27,7 @@ struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::string retry_after = {};  // a client's view of the Retry-After header
 };
 
 // TLS for the server: a PEM certificate chain and its private key (OpenSSL).
@@ -61,9 +64,34 @@ struct Url {
 // system's trust store.
 std::optional<HttpResponse> http_call(const Url& url, const std::string& method, const std::string& target,
                                       const std::string& token, const std::string& body, int timeout_ms);
+// How a client trusts a server and proves itself: a CA (file or PEM; else GOODPUT_CA_FILE, else the
+// system's store) and an optional client certificate. Verification is on unless `insecure`.
+struct TlsClient {
+  std::string ca_file;
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
+  bool insecure = false;
+};
+
 // The same with any request headers (name, value); a body is sent as application/json.
 using Headers = std::vector<std::pair<std::string, std::string>>;
 std::optional<HttpResponse> http_request(const Url& url, const std::string& method, const std::string& target,
-                                         const Headers& headers, const std::string& body, int timeout_ms);
+                                         const Headers& headers, const std::string& body, int timeout_ms,
+                                         const TlsClient* tls = nullptr);
+
+// A response read as it arrives (a Kubernetes watch): on_data gets each piece of a 200 body; any
+// other status's body is returned whole. Ends when the server ends the body, the connection
+// drops, nothing arrives for idle_timeout_ms, or `cancel` is set (checked every 200 ms).
+struct StreamResult {
+  int status = 0;          // 0: no answer
+  bool completed = false;  // the server ended the body cleanly
+  std::string error;       // why it ended otherwise
+  std::string body;        // a non-200 answer's body
+  std::string retry_after;
+};
+StreamResult http_stream(const Url& url, const std::string& method, const std::string& target, const Headers& headers,
+                         const TlsClient* tls, int idle_timeout_ms, const std::atomic<bool>& cancel,
+                         const std::function<void(std::string_view)>& on_data);
 
 }  // namespace goodput::live

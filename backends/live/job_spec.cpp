@@ -68,6 +68,44 @@ RayBackendSpec ray_backend_from_json(const nlohmann::json& j, const std::string&
   return b;
 }
 
+KubeBackendSpec kube_backend_from_json(const nlohmann::json& j, const std::string& where) {
+  ConfigReader r(j, where);
+  r.text("type", "");
+  KubeBackendSpec b;
+  b.kubeconfig = r.text("kubeconfig", "");
+  b.context = r.text("context", "");
+  b.namespace_ = r.text("namespace", "");
+  b.image = r.text("image", "");
+  if (b.image.empty()) r.fail("image", "is required: the container image with goodput and the trainer");
+  b.agent = r.text("agent", b.agent);
+  b.image_pull_policy = r.text("image_pull_policy", "");
+  if (!b.image_pull_policy.empty() && b.image_pull_policy != "Always" && b.image_pull_policy != "IfNotPresent" &&
+      b.image_pull_policy != "Never")
+    r.fail("image_pull_policy", "must be Always, IfNotPresent or Never");
+  b.service_account = r.text("service_account", "");
+  b.cpu = r.text("cpu", "");
+  b.memory_mb = r.integer("memory_mb", 0, 0, int64_t{1} << 40);
+  b.gpus = r.integer("gpus", 0, 0, 1024);
+  if (const nlohmann::json* ns = r.child("node_selector")) {
+    if (!ns->is_object()) r.fail("node_selector", "must be an object of label names to values");
+    for (const auto& [k, v] : ns->items()) {
+      if (!v.is_string()) r.fail("node_selector", "value of '" + k + "' must be a string");
+      b.node_selector[k] = v.get<std::string>();
+    }
+  }
+  if (const nlohmann::json* t = r.child("tolerations")) {
+    if (!t->is_array()) r.fail("tolerations", "must be a list of Kubernetes tolerations");
+    b.tolerations = *t;
+  }
+  b.replica_type = r.text("replica_type", b.replica_type);
+  if (b.replica_type != "worker" && b.replica_type != "ps" && b.replica_type != "chief")
+    r.fail("replica_type", "must be worker, ps or chief");
+  b.master_url = r.text("master_url", "");
+  b.working_dir = r.text("working_dir", "");
+  r.finish();
+  return b;
+}
+
 }  // namespace
 
 JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, const std::string& base_dir) {
@@ -132,8 +170,12 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
     else if (type == "ray" && b->is_object()) {
       s.backend = "ray";
       s.ray = ray_backend_from_json(*b, at);
+    } else if (type == "kubernetes" && b->is_object()) {
+      s.backend = "kubernetes";
+      s.kube = kube_backend_from_json(*b, at);
     } else {
-      r.fail("backend", "must be \"local\" or {\"type\": \"ray\", \"address\": \"http://head:8265\", ...}");
+      r.fail("backend", "must be \"local\", {\"type\": \"ray\", \"address\": \"http://head:8265\", ...} or "
+                        "{\"type\": \"kubernetes\", \"image\": ..., ...}");
     }
   }
   if (s.heartbeat_interval <= 0) r.fail("heartbeat_interval", "must be positive");

@@ -32,6 +32,25 @@ struct RayBackendSpec {
   Duration poll_interval = 1 * kSecond;
 };
 
+// Nodes as pods on a Kubernetes cluster: one pod per node, created from this template and watched.
+struct KubeBackendSpec {
+  std::string kubeconfig;  // empty: the in-cluster service account
+  std::string context;     // empty: the kubeconfig's current context
+  std::string namespace_;  // empty: the context's (or the service account's) namespace
+  std::string image;       // the container image holding goodput and the trainer
+  std::string agent = "goodput";  // the goodput executable inside the image
+  std::string image_pull_policy;  // empty: the cluster's default
+  std::string service_account;
+  std::string cpu;          // e.g. "8" or "500m"; empty: no request
+  int64_t memory_mb = 0;    // the container's memory limit (scaled after an OOM); 0: none
+  int64_t gpus = 0;         // nvidia.com/gpu
+  std::map<std::string, std::string> node_selector;
+  nlohmann::json tolerations = nlohmann::json::array();
+  std::string replica_type = "worker";
+  std::string master_url;   // how pods reach the master (a Service); empty: the URL it listens on
+  std::string working_dir;  // the container's working directory; empty: the image's
+};
+
 struct JobSpec {
   std::string job;
   int32_t nodes = 1;
@@ -53,8 +72,9 @@ struct JobSpec {
   Duration hang_timeout = 30 * kSecond;  // a trainer that reports nothing this long is hung
   Duration failure_settle = 300 * kMillisecond;  // collect the exits one failure causes, then diagnose
   double straggler_factor = 1.5;  // a rank doing this many times the typical rank's work per step; 0: off
-  std::string backend = "local";  // "local" or "ray"
+  std::string backend = "local";  // "local", "ray" or "kubernetes"
   RayBackendSpec ray;
+  KubeBackendSpec kube;
 
   JobStarted job_started() const;
 };

@@ -1,0 +1,266 @@
+#include "backends/kubernetes/kube_client.h"
+
+#include <openssl/evp.h>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace goodput::kube {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw KubeError("cannot read " + what + " " + path, 0);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string base64_decode(const std::string& in, const std::string& where) {
+  std::string clean;
+  for (char c : in)
+    if (!std::isspace(static_cast<unsigned char>(c))) clean += c;
+  std::string out(clean.size() / 4 * 3 + 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(clean.data()), static_cast<int>(clean.size()));
+  if (n < 0 || clean.size() % 4 != 0) throw KubeError(where + " is not valid base64", 0);
+  size_t pad = 0;
+  while (pad < 2 && pad < clean.size() && clean[clean.size() - 1 - pad] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+json yaml_node_to_json(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      json j = json::object();
+      for (const auto& kv : n) j[kv.first.as<std::string>()] = yaml_node_to_json(kv.second);
+      return j;
+    }
+    case YAML::NodeType::Sequence: {
+      json j = json::array();
+      for (const auto& x : n) j.push_back(yaml_node_to_json(x));
+      return j;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string s = n.Scalar();
+      if (n.Tag() == "!") return s;  // quoted: a string, whatever it looks like
+      if (s == "true" || s == "false") return s == "true";
+      if (s == "null" || s == "~") return nullptr;
+      char* end = nullptr;
+      const long long i = std::strtoll(s.c_str(), &end, 10);
+      if (!s.empty() && *end == '\0') return i;
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+json yaml_to_json(const std::string& yaml_text) {
+  try {
+    return yaml_node_to_json(YAML::Load(yaml_text));
+  } catch (const YAML::Exception& e) {
+    throw KubeError(std::string("not valid YAML: ") + e.what(), 0);
+  }
+}
+
+KubeConfig load_kubeconfig(const std::string& path, const std::string& context) {
+  const json j = yaml_to_json(read_file(path, "kubeconfig"));
+  const std::string where = path + ": ";
+  auto named = [&](const char* list, const std::string& name, const char* inner) -> const json& {
+    if (j.contains(list) && j[list].is_array())
+      for (const json& e : j[list])
+        if (e.is_object() && e.value("name", "") == name && e.contains(inner) && e[inner].is_object()) return e[inner];
+    throw KubeError(where + "no " + std::string(list).substr(0, std::string(list).size() - 1) + " named '" + name + "'", 0);
+  };
+  const std::string ctx_name = !context.empty() ? context : j.value("current-context", std::string());
+  if (ctx_name.empty()) throw KubeError(where + "field 'current-context' is empty and no context was given", 0);
+  const json& ctx = named("contexts", ctx_name, "context");
+  const json& cluster = named("clusters", ctx.value("cluster", ""), "cluster");
+  const json& user = named("users", ctx.value("user", ""), "user");
+  KubeConfig c;
+  c.source = path + " (context " + ctx_name + ")";
+  c.server = cluster.value("server", "");
+  if (c.server.rfind("https://", 0) != 0 && c.server.rfind("http://", 0) != 0)
+    throw KubeError(where + "field 'clusters[" + ctx.value("cluster", "") + "].cluster.server' must be an http(s) URL", 0);
+  if (c.server.find(':', c.server.find("://") + 3) == std::string::npos)
+    c.server += c.server.rfind("https://", 0) == 0 ? ":443" : ":80";
+  c.namespace_ = ctx.value("namespace", std::string("default"));
+  const fs::path base = fs::path(path).parent_path();
+  auto rel = [&](const std::string& p) { return fs::path(p).is_relative() ? (base / p).string() : p; };
+  if (cluster.contains("certificate-authority-data"))
+    c.tls.ca_pem = base64_decode(cluster.value("certificate-authority-data", ""), where + "field 'certificate-authority-data'");
+  else if (cluster.contains("certificate-authority"))
+    c.tls.ca_file = rel(cluster.value("certificate-authority", ""));
+  c.tls.insecure = cluster.value("insecure-skip-tls-verify", false);
+  c.token = user.value("token", "");
+  if (user.contains("tokenFile")) c.token_file = rel(user.value("tokenFile", ""));
+  if (user.contains("client-certificate-data"))
+    c.tls.cert_pem = base64_decode(user.value("client-certificate-data", ""), where + "field 'client-certificate-data'");
+  else if (user.contains("client-certificate"))
+    c.tls.cert_pem = read_file(rel(user.value("client-certificate", "")), "client certificate");
+  if (user.contains("client-key-data"))
+    c.tls.key_pem = base64_decode(user.value("client-key-data", ""), where + "field 'client-key-data'");
+  else if (user.contains("client-key"))
+    c.tls.key_pem = read_file(rel(user.value("client-key", "")), "client key");
+  if (c.tls.cert_pem.empty() != c.tls.key_pem.empty())
+    throw KubeError(where + "a client certificate needs its key (and the other way round)", 0);
+  if (user.contains("exec") || user.contains("auth-provider"))
+    throw KubeError(where + "user credentials from 'exec' or 'auth-provider' plugins are not supported: use a token, "
+                            "a tokenFile or a client certificate",
+                    0);
+  return c;
+}
+
+KubeConfig in_cluster_config(const std::string& dir) {
+  const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+  const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+  if (!host || !*host || !port || !*port)
+    throw KubeError("not inside a Kubernetes pod (KUBERNETES_SERVICE_HOST/PORT unset): give backend.kubeconfig", 0);
+  KubeConfig c;
+  c.source = "in-cluster service account";
+  const std::string h = std::string(host).find(':') != std::string::npos ? "[" + std::string(host) + "]" : host;
+  c.server = "https://" + h + ":" + port;
+  c.token_file = dir + "/token";
+  c.tls.ca_file = dir + "/ca.crt";
+  c.namespace_ = trim(read_file(dir + "/namespace", "service account namespace"));
+  (void)read_file(c.token_file, "service account token");  // fail now, not at the first call
+  return c;
+}
+
+std::optional<WatchEvent> parse_watch_frame(std::string_view line) {
+  const json j = json::parse(line.begin(), line.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("type") || !j["type"].is_string() || !j.contains("object") ||
+      !j["object"].is_object())
+    return std::nullopt;
+  return WatchEvent{j["type"].get<std::string>(), j["object"]};
+}
+
+std::string url_encode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') out += static_cast<char>(c);
+    else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+KubeClient::KubeClient(KubeConfig config, int attempts)
+    : config_(std::move(config)), url_(live::Url::parse(config_.server)), attempts_(attempts) {}
+
+live::Headers KubeClient::headers() const {
+  live::Headers h{{"Accept", "application/json"}};
+  // A projected service-account token is rotated by the kubelet: read it again every time.
+  std::string token = config_.token;
+  if (!config_.token_file.empty()) token = trim(read_file(config_.token_file, "token file"));
+  if (!token.empty()) h.emplace_back("Authorization", "Bearer " + token);
+  return h;
+}
+
+namespace {
+// The Status object's message and reason, or the raw body.
+std::pair<std::string, std::string> status_of(const std::string& body) {
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.value("kind", "") == "Status")
+    return {j.value("message", std::string()), j.value("reason", std::string())};
+  return {body.substr(0, 300), ""};
+}
+int retry_after_ms(const std::string& header, int fallback) {
+  char* end = nullptr;
+  const long s = std::strtol(header.c_str(), &end, 10);
+  return !header.empty() && *end == '\0' && s >= 0 && s < 3600 ? static_cast<int>(s * 1000) : fallback;
+}
+}  // namespace
+
+json KubeClient::call(const std::string& method, const std::string& path, const json& body) {
+  int backoff = 100;
+  const std::string text = body.is_null() ? "" : body.dump();
+  for (int attempt = 1;; ++attempt) {
+    const auto r = live::http_request(url_, method, path, headers(), text, 10000, &config_.tls);
+    if (r && r->status >= 200 && r->status < 300) {
+      const json j = json::parse(r->body, nullptr, false);
+      if (j.is_discarded()) throw KubeError(method + " " + path + ": the answer is not JSON", r->status);
+      return j;
+    }
+    const bool retry = !r || r->status == 429 || r->status >= 500;
+    if (!retry || attempt >= attempts_) {
+      if (!r) throw KubeError(method + " " + path + ": no answer from the API server at " + config_.server, 0);
+      const auto [message, reason] = status_of(r->body);
+      throw KubeError(method + " " + path + ": " + std::to_string(r->status) + " " + reason + ": " + message, r->status,
+                      reason);
+    }
+    ++retries_;
+    // 429: the server says when (Retry-After, seconds); otherwise back off exponentially.
+    const int wait = r && r->status == 429 ? retry_after_ms(r->retry_after, backoff) : backoff;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(wait, 10000)));
+    backoff = std::min(backoff * 2, 5000);
+  }
+}
+
+KubeClient::List KubeClient::list(const std::string& path, const std::string& label_selector) {
+  std::string target = path;
+  if (!label_selector.empty()) target += "?labelSelector=" + url_encode(label_selector);
+  const json j = call("GET", target);
+  List out;
+  if (!j.contains("items") || !j["items"].is_array()) throw KubeError("GET " + target + ": no 'items' list", 200);
+  for (const json& item : j["items"]) out.items.push_back(item);
+  out.resource_version = j.value("/metadata/resourceVersion"_json_pointer, std::string());
+  return out;
+}
+
+bool KubeClient::watch(const std::string& path, const std::string& label_selector, std::string& resource_version,
+                       const std::atomic<bool>& cancel, const std::function<void(const WatchEvent&)>& on_event) {
+  std::string target = path + "?watch=true&allowWatchBookmarks=true&timeoutSeconds=60";
+  if (!resource_version.empty()) target += "&resourceVersion=" + url_encode(resource_version);
+  if (!label_selector.empty()) target += "&labelSelector=" + url_encode(label_selector);
+  std::string partial;
+  bool expired = false;
+  const live::StreamResult r = live::http_stream(
+      url_, "GET", target, headers(), &config_.tls, 90000, cancel, [&](std::string_view data) {
+        partial.append(data);
+        size_t start = 0;
+        for (size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+          const auto ev = parse_watch_frame(std::string_view(partial).substr(start, nl - start));
+          if (!ev) continue;
+          if (ev->type == "ERROR") {
+            if (ev->object.value("code", 0) == 410) expired = true;
+            continue;
+          }
+          const std::string rv = ev->object.value("/metadata/resourceVersion"_json_pointer, std::string());
+          if (ev->type != "BOOKMARK") on_event(*ev);
+          if (!rv.empty()) resource_version = rv;  // after handling: a crash mid-event replays it
+        }
+        partial.erase(0, start);  // a frame cut in the middle is never handled
+      });
+  if (r.status == 410) return true;
+  if (r.status != 0 && r.status != 200) {
+    const auto [message, reason] = status_of(r.body);
+    throw KubeError("watch " + path + ": " + std::to_string(r.status) + " " + reason + ": " + message, r.status, reason);
+  }
+  if (r.status == 0) throw KubeError("watch " + path + ": " + (r.error.empty() ? "no answer" : r.error), 0);
+  return expired;
+}
+
+}  // namespace goodput::kube

@@ -1,0 +1,85 @@
+// A Kubernetes API client on Boost.Beast + OpenSSL: configuration from a kubeconfig or from inside
+// a pod, JSON requests with retries (429 with Retry-After, 5xx, no answer), and list + watch with
+// resourceVersion, bookmarks, resume after a dropped stream and re-list after 410 Expired (an HTTP
+// 410 or an ERROR frame in the stream).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/live/http.h"
+
+namespace goodput::kube {
+
+struct KubeError : std::runtime_error {
+  KubeError(const std::string& what, int code, std::string reason = "")
+      : std::runtime_error(what), code(code), reason(std::move(reason)) {}
+  int code = 0;        // HTTP status; 0: no answer
+  std::string reason;  // the Status object's reason: NotFound, AlreadyExists, Expired...
+};
+
+struct KubeConfig {
+  std::string server;     // https://host:port
+  std::string namespace_ = "default";
+  live::TlsClient tls;
+  std::string token;      // a fixed bearer token
+  std::string token_file; // or one read again before each request (service-account tokens rotate)
+  std::string source;     // where this came from, for messages
+};
+
+// A kubeconfig file: its current context (or `context`), that context's cluster (server, CA as
+// file or base64 data, insecure-skip-tls-verify) and user (token, tokenFile, client certificate
+// and key as files or data). Errors name the file and the field.
+KubeConfig load_kubeconfig(const std::string& path, const std::string& context = "");
+// Inside a pod: KUBERNETES_SERVICE_HOST/PORT, and the service account's token, CA and namespace
+// under `dir` (/var/run/secrets/kubernetes.io/serviceaccount).
+KubeConfig in_cluster_config(const std::string& dir = "/var/run/secrets/kubernetes.io/serviceaccount");
+// YAML (a kubeconfig, a pod dumped by kubectl) as JSON.
+nlohmann::json yaml_to_json(const std::string& yaml_text);
+
+struct WatchEvent {
+  std::string type;  // ADDED, MODIFIED, DELETED, BOOKMARK, ERROR
+  nlohmann::json object;
+};
+// One newline-delimited watch frame; nullopt (and no throw) for a line that is not one.
+std::optional<WatchEvent> parse_watch_frame(std::string_view line);
+
+class KubeClient {
+ public:
+  explicit KubeClient(KubeConfig config, int attempts = 6);
+
+  // One API call with retries; a non-2xx answer after them is a KubeError from its Status.
+  nlohmann::json call(const std::string& method, const std::string& path, const nlohmann::json& body = nullptr);
+
+  struct List {
+    std::vector<nlohmann::json> items;
+    std::string resource_version;
+  };
+  List list(const std::string& path, const std::string& label_selector = "");
+
+  // Watches from resource_version (updated as events and bookmarks arrive) until the stream ends,
+  // `cancel` is set, or the server says the version is too old: then returns true (re-list).
+  bool watch(const std::string& path, const std::string& label_selector, std::string& resource_version,
+             const std::atomic<bool>& cancel, const std::function<void(const WatchEvent&)>& on_event);
+
+  const KubeConfig& config() const { return config_; }
+  int64_t retries() const { return retries_; }
+
+ private:
+  live::Headers headers() const;
+
+  KubeConfig config_;
+  live::Url url_;
+  int attempts_;
+  std::atomic<int64_t> retries_{0};
+};
+
+std::string url_encode(const std::string& s);
+
+}  // namespace goodput::kube

@@ -1,0 +1,104 @@
+// The Kubernetes backend: every node of the job is one pod (a `goodput agent` that starts the
+// trainer), created from the job spec's template and watched. What the cluster says becomes what
+// the master needs:
+//  - a pod that failed (its container's `reason` first, so OOMKilled with exit code 1 is still an
+//    OOM; `lastState` when the container already restarted; Evicted; StartError;
+//    CrashLoopBackOff) is a lost node with that reason, which the diagnosis table reads;
+//  - a pod that cannot start for a reason retrying will not fix (ImagePullBackOff, ErrImagePull,
+//    InvalidImageName, CreateContainerConfigError) is a configuration error: the job fails with it;
+//  - a node that turns Ready=False/Unknown, gets an unreachable/not-ready taint, or a
+//    DisruptionTarget condition loses its pods at once (long before the 300 s toleration would
+//    evict them), and new pods keep off it (required node affinity NotIn).
+// Pods and nodes are listed, then watched from that resourceVersion with bookmarks; a dropped
+// stream resumes from the last version seen, a 410 Expired re-lists, and each pod is reported at
+// most once, so no failure is missed and none is acted on twice. Creating and deleting pods runs
+// on a worker thread of its own, so a slow API server never stalls the master.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/kubernetes/kube_client.h"
+#include "backends/live/job_spec.h"
+#include "backends/live/live_master.h"
+
+namespace goodput::kube {
+
+struct PodTrouble {
+  std::string reason;
+  bool fatal = false;  // a configuration error: retrying cannot help
+};
+// What is wrong with a pod, if anything (a running or pending pod is fine; one that completed
+// is reported as such).
+std::optional<PodTrouble> pod_trouble(const nlohmann::json& pod);
+// Why a node can no longer run pods, if it cannot.
+std::optional<std::string> node_trouble(const nlohmann::json& node);
+
+struct KubeNodesOptions {
+  live::KubeBackendSpec spec;
+  KubeConfig config;
+  std::string master_url;
+  std::string token;  // stored in a Secret the pods read it from, never in the pod spec
+  std::string job;
+  std::string run;    // "<job>-<run id>"
+  bool adopt = false; // after a master restart: take this run's pods back
+};
+
+class KubeNodes final : public live::NodeProvider {
+ public:
+  explicit KubeNodes(KubeNodesOptions options);
+  ~KubeNodes() override;
+
+  void launch(int32_t memory_permille) override;
+  void terminate(const std::string& name) override;
+  std::vector<live::LostNode> lost() override;
+  void shut_down(int timeout_ms) override;
+
+  // The pod a launch makes: its name, memory, the nodes it must keep off.
+  static nlohmann::json manifest_for(const KubeNodesOptions& o, const std::string& name, int32_t memory_permille,
+                                     const std::set<std::string>& avoid);
+
+ private:
+  struct Pod {
+    std::string node;  // where it was scheduled
+    bool deleting = false;
+    bool reported = false;
+    bool ended = false;
+  };
+  struct Command {
+    enum { Create, Delete } kind;
+    std::string name;
+    int32_t memory_permille = 1000;
+  };
+
+  void commands();
+  void watch_loop(const std::string& resource);
+  void on_pod(const std::string& type, const nlohmann::json& pod);
+  void on_node(const std::string& type, const nlohmann::json& node);
+  void report(const std::string& name, Pod& p, std::string reason, bool fatal);
+  std::string pod_name(int n) const;
+
+  KubeNodesOptions o_;
+  KubeClient client_;
+  std::string ns_;
+  std::string selector_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Command> queue_;
+  std::map<std::string, Pod> pods_;
+  std::set<std::string> bad_nodes_;
+  std::vector<live::LostNode> lost_;
+  int counter_ = 0;
+  std::atomic<bool> quit_{false};
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace goodput::kube

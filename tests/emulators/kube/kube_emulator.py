@@ -1,0 +1,528 @@
+#!/usr/bin/python3
+"""A Kubernetes API server emulator for tests (no real API server can run here).
+
+It speaks the core/v1 REST API the way the apiserver does, in the wire format of the fixtures in
+shared/data/k8s/: PodList/NodeList with metadata.resourceVersion, watches as chunked
+newline-delimited {"type","object"} frames (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR), Status
+objects for errors (404, 409, 410 Expired, 422), and the discovery documents kubectl reads first,
+so the real `kubectl --server=http://127.0.0.1:PORT get pods -w` works against it.
+
+Pods really run: a created pod is scheduled on a Ready, untainted node that matches its
+nodeSelector and required node affinity (one pod per node), and its container's command + args run
+as a local process with its env (secretKeyRef values resolved from Secrets). The exit status becomes
+containerStatuses[0].state.terminated (Completed / Error, exitCode) and the pod phase.
+
+Faults for tests, on /_emulator/ (not part of the Kubernetes API):
+  POST /_emulator/oom {"pod"}            killed for memory: terminated reason OOMKilled, exitCode 1
+                                          and the message of the fixture ih-oomkilled-unhealthy.yaml
+  POST /_emulator/node-down {"node", "form": "unknown"|"false"}
+                                          the node's conditions and taints become those of
+                                          node-not-ready-unknown.json / node-ready-false.json; its
+                                          processes die, its pods still read Running (as they do
+                                          until the 300 s toleration runs out)
+  POST /_emulator/pause-watches {}        open watches hold back their events (a slow or stuck stream)
+  POST /_emulator/cut-watches {}          every open watch is cut in the middle of its next frame
+  POST /_emulator/compact {"in_stream"}   history is dropped: a watch from any version a client holds
+                                          gets 410 Expired (HTTP status, or with in_stream an ERROR
+                                          frame in a 200 stream)
+  GET  /_emulator/requests                every API request seen
+Images whose name contains "does-not-exist" never pull (ErrImagePull, then ImagePullBackOff).
+"""
+
+import argparse
+import copy
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.parse
+import uuid
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import yaml
+
+
+def now_rfc3339():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status(code, reason, message, details=None):
+    s = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+         "reason": reason, "code": code}
+    if details:
+        s["details"] = details
+    return s
+
+
+class Cluster:
+    def __init__(self, fixtures, state_dir, nodes):
+        def load(name):
+            with open(os.path.join(fixtures, name)) as f:
+                return yaml.safe_load(f) if name.endswith(".yaml") else json.load(f)
+
+        self.fx_not_ready = load("node-not-ready-unknown.json")
+        self.fx_ready_false = load("node-ready-false.json")
+        self.fx_expired = load("status-410-expired-watch.json")
+        oom = load("ih-oomkilled-unhealthy.yaml")["status"]["containerStatuses"][0]["lastState"]["terminated"]
+        self.fx_oom = {k: oom[k] for k in ("reason", "exitCode", "message")}
+        pull = load("ih-pod-imagepullbackoff.yaml")["status"]["containerStatuses"][0]["state"]["waiting"]
+        self.fx_pull_reason = pull["reason"]
+        self.state_dir = state_dir
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.rv = 100
+        self.history = []  # (rv, resource, type, object)
+        self.oldest = self.rv  # a watch from an rv older than this is Expired
+        self.in_stream_410 = False
+        self.cut = 0  # watches to cut
+        self.paused = False  # open watches hold their events
+        self.pods, self.nodes, self.secrets, self.procs = {}, {}, {}, {}
+        self.requests = []
+        for i in range(nodes):
+            name = f"node-{chr(ord('a') + i)}"
+            self.put("nodes", "ADDED", {
+                "kind": "Node", "apiVersion": "v1",
+                "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": {"kubernetes.io/hostname": name},
+                             "creationTimestamp": now_rfc3339()},
+                "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                           "message": "kubelet is posting ready status",
+                                           "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}],
+                           "addresses": [{"type": "InternalIP", "address": f"10.0.1.{10 + i}"}]}})
+        threading.Thread(target=self.schedule_loop, daemon=True).start()
+
+    # ---- the store -------------------------------------------------------------------------------
+    def put(self, resource, kind, obj):
+        with self.lock:
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            table = self.pods if resource == "pods" else self.nodes
+            key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+            if kind == "DELETED":
+                table.pop(key, None)
+            else:
+                table[key] = obj
+            self.history.append((self.rv, resource, kind, copy.deepcopy(obj)))
+            self.changed.notify_all()
+
+    def compact(self, in_stream):
+        with self.lock:
+            # As an apiserver whose watch cache restarted: every version a client holds is too old;
+            # a fresh list gives one that is not.
+            self.history = []
+            self.rv += 1
+            self.oldest = self.rv
+            self.in_stream_410 = in_stream
+
+    # ---- pods --------------------------------------------------------------------------------------
+    def create_pod(self, ns, body):
+        if not isinstance(body, dict) or body.get("kind", "Pod") != "Pod":
+            return 400, status(400, "BadRequest", "the body must be a Pod")
+        name = (body.get("metadata") or {}).get("name")
+        containers = (body.get("spec") or {}).get("containers")
+        if not name or not containers:
+            return 422, status(422, "Invalid", "Pod is invalid: metadata.name and spec.containers are required")
+        with self.lock:
+            if (ns, name) in self.pods:
+                return 409, status(409, "AlreadyExists", f'pods "{name}" already exists',
+                                   {"name": name, "kind": "pods"})
+            pod = copy.deepcopy(body)
+            pod["apiVersion"], pod["kind"] = "v1", "Pod"
+            pod["metadata"].update({"namespace": ns, "uid": str(uuid.uuid4()), "creationTimestamp": now_rfc3339()})
+            pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
+            self.put("pods", "ADDED", pod)
+            return 201, pod
+
+    def delete_pod(self, ns, name):
+        with self.lock:
+            pod = self.pods.get((ns, name))
+            if pod is None:
+                return 404, status(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
+            self.kill(ns, name)
+            pod = copy.deepcopy(pod)
+            pod["metadata"]["deletionTimestamp"] = now_rfc3339()
+            self.put("pods", "DELETED", pod)
+            return 200, pod
+
+    def kill(self, ns, name, sig=signal.SIGKILL):
+        proc = self.procs.pop((ns, name), None)
+        if proc:
+            try:
+                os.killpg(proc.pid, sig)
+            except OSError:
+                pass
+
+    def fits(self, pod, node):
+        spec = pod["spec"]
+        labels = node["metadata"].get("labels", {})
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+        if not ready or any(t.get("effect") in ("NoSchedule", "NoExecute") for t in node["spec"].get("taints", [])):
+            return False
+        if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+            return False
+        terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+        for term in terms[:1]:
+            for e in term.get("matchExpressions", []):
+                value = labels.get(e["key"])
+                if e["operator"] == "NotIn" and value in e["values"]:
+                    return False
+                if e["operator"] == "In" and value not in e["values"]:
+                    return False
+        busy = any(p["spec"].get("nodeName") == node["metadata"]["name"] and p["status"]["phase"] in ("Pending", "Running")
+                   for p in self.pods.values())
+        return not busy
+
+    def schedule(self):
+        with self.lock:
+            for (ns, name), pod in list(self.pods.items()):
+                if pod["status"]["phase"] != "Pending" or pod["spec"].get("nodeName"):
+                    continue
+                image = pod["spec"]["containers"][0].get("image", "")
+                node = next((n for n in self.nodes.values() if self.fits(pod, n)), None)
+                if node is None:
+                    continue
+                pod = copy.deepcopy(pod)
+                pod["spec"]["nodeName"] = node["metadata"]["name"]
+                pod["status"]["hostIP"] = node["status"]["addresses"][0]["address"]
+                c = pod["spec"]["containers"][0]
+                if "does-not-exist" in image:
+                    pod["status"]["containerStatuses"] = [{"name": c["name"], "image": image, "ready": False,
+                                                           "restartCount": 0, "started": False, "state": {"waiting": {
+                                                               "reason": "ErrImagePull",
+                                                               "message": f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": not found'}}}]
+                    self.put("pods", "MODIFIED", pod)
+                    threading.Timer(0.5, self.back_off, [ns, name]).start()
+                    continue
+                self.start(ns, pod)
+
+    def back_off(self, ns, name):
+        with self.lock:
+            pod = self.pods.get((ns, name))
+            if pod is None:
+                return
+            pod = copy.deepcopy(pod)
+            image = pod["spec"]["containers"][0]["image"]
+            pod["status"]["containerStatuses"][0]["state"] = {
+                "waiting": {"reason": self.fx_pull_reason, "message": f'Back-off pulling image "{image}"'}}
+            self.put("pods", "MODIFIED", pod)
+
+    def start(self, ns, pod):
+        c = pod["spec"]["containers"][0]
+        env = dict(os.environ)
+        for e in c.get("env", []):
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            elif "valueFrom" in e:
+                ref = e["valueFrom"]["secretKeyRef"]
+                import base64
+                env[e["name"]] = base64.b64decode(self.secrets[(ns, ref["name"])]["data"][ref["key"]]).decode()
+        env["POD_NAME"] = pod["metadata"]["name"]
+        workdir = os.path.join(self.state_dir, pod["metadata"]["name"])
+        os.makedirs(workdir, exist_ok=True)
+        log = open(os.path.join(workdir, "container.log"), "ab")
+        proc = subprocess.Popen(list(c.get("command", [])) + list(c.get("args", [])), cwd=workdir, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        name = pod["metadata"]["name"]
+        self.procs[(ns, name)] = proc
+        pod["status"].update({"phase": "Running", "startTime": now_rfc3339(), "podIP": pod["status"]["hostIP"]})
+        pod["status"]["containerStatuses"] = [{"name": c["name"], "image": c.get("image", ""), "ready": True,
+                                               "restartCount": 0, "started": True,
+                                               "state": {"running": {"startedAt": now_rfc3339()}}}]
+        self.put("pods", "MODIFIED", pod)
+        threading.Thread(target=self.wait, args=(ns, name, proc), daemon=True).start()
+
+    def wait(self, ns, name, proc):
+        rc = proc.wait()
+        with self.lock:
+            pod = self.pods.get((ns, name))
+            if pod is None or self.procs.get((ns, name)) is not proc:
+                return  # deleted, or its end was already written (OOM, node down)
+            self.procs.pop((ns, name), None)
+            code = rc if rc >= 0 else 128 - rc
+            self.terminate(pod, {"exitCode": code, "reason": "Completed" if code == 0 else "Error"},
+                           "Succeeded" if code == 0 else "Failed")
+
+    def terminate(self, pod, terminated, phase):
+        pod = copy.deepcopy(pod)
+        cs = pod["status"]["containerStatuses"][0]
+        started = cs["state"].get("running", {}).get("startedAt", now_rfc3339())
+        cs["state"] = {"terminated": dict(terminated, startedAt=started, finishedAt=now_rfc3339(),
+                                          containerID="containerd://" + uuid.uuid4().hex)}
+        cs["ready"] = False
+        pod["status"]["phase"] = phase
+        self.put("pods", "MODIFIED", pod)
+
+    def schedule_loop(self):
+        while True:
+            time.sleep(0.1)
+            self.schedule()
+
+    # ---- faults --------------------------------------------------------------------------------------
+    def oom(self, ns, name):
+        with self.lock:
+            pod = self.pods.get((ns, name))
+            if pod is None or pod["status"]["phase"] != "Running":
+                return False
+            self.kill(ns, name)
+            self.terminate(pod, self.fx_oom, "Failed")
+            return True
+
+    def node_down(self, name, form):
+        with self.lock:
+            node = self.nodes.get(("", name))
+            if node is None:
+                return False
+            node = copy.deepcopy(node)
+            if form == "unknown":  # the node lifecycle controller's view: conditions Unknown, tainted unreachable
+                node["status"]["conditions"] = copy.deepcopy(self.fx_not_ready["status"]["conditions"])
+                node["spec"]["taints"] = copy.deepcopy(self.fx_not_ready["spec"]["taints"])
+            else:  # the kubelet's own Ready=False condition
+                node["status"]["conditions"] = [copy.deepcopy(self.fx_ready_false)]
+            self.put("nodes", "MODIFIED", node)
+            for (ns, pname), pod in list(self.pods.items()):
+                if pod["spec"].get("nodeName") == name:
+                    self.kill(ns, pname)  # the machine is gone; the API still says Running
+            return True
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    cluster = None
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def reply(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def route(self, method):
+        c = self.cluster
+        url = urllib.parse.urlsplit(self.path)
+        q = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return self.reply(400, status(400, "BadRequest", "the body is not JSON"))
+        parts = [p for p in url.path.split("/") if p]
+        if parts[:1] == ["_emulator"]:
+            return self.control(method, parts[1] if len(parts) > 1 else "", body or {})
+        with c.lock:
+            c.requests.append({"method": method, "path": url.path, "query": q, "body": body,
+                               "authorization": self.headers.get("Authorization")})
+        if url.path == "/api":
+            return self.reply(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": self.headers.get("Host", "127.0.0.1")}]})
+        if url.path == "/apis":
+            return self.reply(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+        if url.path == "/version":
+            return self.reply(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-goodput-emulator",
+                                    "platform": "linux/amd64"})
+        if url.path == "/api/v1":
+            def res(name, kind, namespaced, verbs):
+                return {"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
+                        "verbs": verbs, "shortNames": {"pods": ["po"], "nodes": ["no"]}.get(name, [])}
+            return self.reply(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                res("pods", "Pod", True, ["create", "delete", "get", "list", "watch"]),
+                res("nodes", "Node", False, ["get", "list", "watch"]),
+                res("secrets", "Secret", True, ["create", "get"])]})
+        # /api/v1/namespaces/{ns}/{resource}[/{name}] and /api/v1/{nodes,pods}[/{name}]
+        if parts[:2] != ["api", "v1"]:
+            return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+        rest = parts[2:]
+        ns = None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            ns, rest = rest[1], rest[2:]
+        resource, name = rest[0] if rest else "", rest[1] if len(rest) > 1 else None
+        if resource == "namespaces" and name and method == "GET":  # every namespace exists
+            return self.reply(200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": name},
+                                    "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+        if resource == "secrets" and ns and method == "POST":
+            with c.lock:
+                key = (ns, body["metadata"]["name"])
+                if key in c.secrets:
+                    return self.reply(409, status(409, "AlreadyExists", f'secrets "{key[1]}" already exists'))
+                c.secrets[key] = body
+            return self.reply(201, body)
+        if resource not in ("pods", "nodes"):
+            return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+        if method == "GET" and name is None and q.get("watch") in ("true", "1"):
+            return self.watch(resource, ns, q)
+        if method == "GET" and name is None:
+            return self.reply(200, self.list(resource, ns, q))
+        if method == "GET":
+            with c.lock:
+                obj = (c.pods if resource == "pods" else c.nodes).get((ns or "", name))
+            if obj is None:
+                return self.reply(404, status(404, "NotFound", f'{resource} "{name}" not found',
+                                              {"name": name, "kind": resource}))
+            return self.reply(200, obj)
+        if resource == "pods" and method == "POST" and name is None and ns:
+            return self.reply(*c.create_pod(ns, body))
+        if resource == "pods" and method == "DELETE" and name and ns:
+            return self.reply(*c.delete_pod(ns, name))
+        return self.reply(405, status(405, "MethodNotAllowed", f"{method} is not supported here"))
+
+    @staticmethod
+    def selected(obj, ns, selector):
+        if ns and obj["metadata"].get("namespace") != ns:
+            return False
+        labels = obj["metadata"].get("labels", {})
+        for term in filter(None, (selector or "").split(",")):
+            k, _, v = term.partition("=")
+            if labels.get(k) != v:
+                return False
+        return True
+
+    def list(self, resource, ns, q):
+        c = self.cluster
+        with c.lock:
+            table = c.pods if resource == "pods" else c.nodes
+            items = [copy.deepcopy(o) for o in table.values() if self.selected(o, ns, q.get("labelSelector"))]
+            return {"kind": "PodList" if resource == "pods" else "NodeList", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(c.rv)}, "items": items}
+
+    def watch(self, resource, ns, q):
+        c = self.cluster
+        rv = int(q.get("resourceVersion") or 0)
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        bookmarks = q.get("allowWatchBookmarks") == "true"
+        with c.lock:
+            expired = rv != 0 and rv < c.oldest
+            in_stream = c.in_stream_410
+        if expired and not in_stream:
+            return self.reply(410, c.fx_expired)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data):
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def frame(kind, obj):
+            return (json.dumps({"type": kind, "object": obj}) + "\n").encode()
+
+        try:
+            if expired:
+                chunk(frame("ERROR", c.fx_expired))
+                chunk(b"")
+                return
+            sent = rv
+            if rv == 0:  # no version: the current state first, as ADDED
+                with c.lock:
+                    lst = self.list(resource, ns, q)
+                    sent = int(lst["metadata"]["resourceVersion"])
+                for obj in lst["items"]:
+                    chunk(frame("ADDED", obj))
+            deadline = time.time() + timeout
+            cut_seen = None
+            with c.lock:
+                cut_seen = c.cut
+            last_bookmark = time.time()
+            while time.time() < deadline:
+                with c.lock:
+                    pending = [h for h in c.history if h[0] > sent]
+                    if not pending or c.paused:
+                        c.changed.wait(timeout=0.2)
+                        pending = [h for h in c.history if h[0] > sent]
+                    cut = c.cut != cut_seen
+                    if c.paused and not cut:
+                        continue
+                for hrv, res, kind, obj in pending:
+                    sent = hrv
+                    if res != resource or not self.selected(obj, ns, q.get("labelSelector")):
+                        continue
+                    data = frame(kind, obj)
+                    if cut:  # half a frame, then the connection drops
+                        chunk(data[:len(data) // 2])
+                        self.close_connection = True
+                        return
+                    chunk(data)
+                if cut:
+                    self.close_connection = True
+                    return
+                if bookmarks and time.time() - last_bookmark > 1.0:
+                    last_bookmark = time.time()
+                    with c.lock:
+                        sent = max(sent, c.rv)
+                    chunk(frame("BOOKMARK", {"kind": "Pod" if resource == "pods" else "Node", "apiVersion": "v1",
+                                             "metadata": {"resourceVersion": str(sent)}}))
+            chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def control(self, method, what, body):
+        c = self.cluster
+        if method == "GET" and what == "requests":
+            with c.lock:
+                return self.reply(200, c.requests)
+        if method == "POST" and what == "oom":
+            return self.reply(200 if c.oom(body.get("namespace", "default"), body["pod"]) else 404, {"ok": True})
+        if method == "POST" and what == "node-down":
+            return self.reply(200 if c.node_down(body["node"], body.get("form", "unknown")) else 404, {"ok": True})
+        if method == "POST" and what == "pause-watches":
+            with c.lock:
+                c.paused = True
+            return self.reply(200, {"ok": True})
+        if method == "POST" and what == "cut-watches":
+            with c.lock:
+                c.cut += 1
+                c.paused = False
+                c.changed.notify_all()
+            return self.reply(200, {"ok": True})
+        if method == "POST" and what == "compact":
+            c.compact(bool(body.get("in_stream")))
+            return self.reply(200, {"ok": True})
+        return self.reply(404, {"error": "no such control"})
+
+    def do_GET(self):
+        self.route("GET")
+
+    def do_POST(self):
+        self.route("POST")
+
+    def do_DELETE(self):
+        self.route("DELETE")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fixtures", required=True, help="shared/data/k8s")
+    ap.add_argument("--state-dir", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--nodes", type=int, default=3)
+    a = ap.parse_args()
+    os.makedirs(a.state_dir, exist_ok=True)
+    Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes)
+    server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+    server.daemon_threads = True
+
+    def stop(*_):
+        with Handler.cluster.lock:
+            for (ns, name) in list(Handler.cluster.procs):
+                Handler.cluster.kill(ns, name)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

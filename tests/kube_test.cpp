@@ -1,0 +1,173 @@
+// The Kubernetes backend's reading of the cluster, against the fixtures in shared/data/k8s/ (real
+// `kubectl get -o yaml` dumps and test data from other projects, and objects reconstructed from
+// the Kubernetes source): what a pod's status means, when a node is lost, watch frames,
+// kubeconfig files, the pod a launch creates. (The backend end to end, with real agents and
+// PyTorch trainers on the Kubernetes API emulator and the real kubectl, is tests/python/test_kube.py.)
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "backends/kubernetes/kube_client.h"
+#include "backends/kubernetes/kube_nodes.h"
+#include "backends/live/job_spec.h"
+#include "engine/json_reader.h"
+
+using namespace goodput;
+using nlohmann::json;
+
+namespace {
+
+std::string k8s_text(const std::string& name) {
+  std::ifstream in(std::string(GOODPUT_SHARED_DATA) + "/k8s/" + name);
+  REQUIRE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+json k8s(const std::string& name) {
+  const std::string t = k8s_text(name);
+  return name.size() > 5 && name.substr(name.size() - 5) == ".yaml" ? kube::yaml_to_json(t) : json::parse(t);
+}
+
+std::string trouble(const std::string& fixture) {
+  const auto t = kube::pod_trouble(k8s(fixture));
+  return t ? (t->fatal ? "FATAL " : "") + t->reason : "fine";
+}
+
+}  // namespace
+
+TEST_CASE("a pod's status is read reason first, lastState when the container restarted") {
+  // OOMKilled with exit code 1, in lastState of a container the kubelet restarted 9 times.
+  const std::string oom = trouble("ih-oomkilled-unhealthy.yaml");
+  CHECK(oom.find("restarted 9 times; last exit: reason=OOMKilled exitCode=1: system has run out of memory") !=
+        std::string::npos);
+  // The Kubernetes docs' snippet is a container's lastState alone: in a container that restarted.
+  json snippet = {{"status", {{"phase", "Running"}, {"containerStatuses", json::array({{{"name", "memory-demo-2-ctr"}, {"restartCount", 1},
+      {"state", {{"running", json::object()}}}, {"lastState", k8s("pod-oomkilled-k8s-docs-snippet.yaml")["lastState"]}}})}}}};
+  CHECK(kube::pod_trouble(snippet)->reason ==
+        "container memory-demo-2-ctr restarted 1 times; last exit: reason=OOMKilled exitCode=137");
+  CHECK(trouble("ih-evicted.yaml").find("pod Evicted: The node was low on resource: memory") == 0);
+  CHECK(trouble("ih-start-error.yaml").find("reason=StartError exitCode=128") != std::string::npos);
+  CHECK(trouble("argo-pod-failed.yaml").find("reason=Error exitCode=1") != std::string::npos);
+  CHECK(trouble("argo-pod-crashloop.yaml").find("CrashLoopBackOff; last exit: reason=Error") != std::string::npos);
+  // A configuration error: retrying cannot pull an image that is not there.
+  CHECK(trouble("ih-pod-imagepullbackoff.yaml").find("FATAL container") == 0);
+  CHECK(trouble("ih-pod-imagepullbackoff.yaml").find("ImagePullBackOff: Back-off pulling image") != std::string::npos);
+}
+
+TEST_CASE("the diagnosis table reads the pod reasons as the simulator's diagnosis kinds") {
+  const DiagnosisTable t = DiagnosisTable::defaults();
+  auto diag = [&](const std::string& fixture) {
+    return t.diagnose(FailureObserved{0, FailureKind::NodeLost, 0, 0, kube::pod_trouble(k8s(fixture))->reason, 0}).diagnosis;
+  };
+  CHECK(diag("ih-oomkilled-unhealthy.yaml") == Diagnosis::OutOfMemory);
+  CHECK(diag("ih-evicted.yaml") == Diagnosis::Preemption);  // evicted: the pod goes elsewhere
+  CHECK(diag("argo-pod-failed.yaml") == Diagnosis::HardwareError);  // the pod is gone: a node-level loss
+}
+
+TEST_CASE("a node is lost when Ready is False or Unknown, or it is tainted unreachable") {
+  const auto unknown = kube::node_trouble(k8s("node-not-ready-unknown.json"));
+  REQUIRE(unknown);
+  CHECK(*unknown == "node Ready=Unknown (NodeStatusUnknown: Kubelet stopped posting node status.)");
+  // node-ready-false.json is the kubelet's Ready condition alone.
+  json node = {{"metadata", {{"name", "node-b"}}}, {"status", {{"conditions", json::array({k8s("node-ready-false.json")})}}}};
+  const auto not_ready = kube::node_trouble(node);
+  REQUIRE(not_ready);
+  CHECK(not_ready->find("node Ready=False (KubeletNotReady: container runtime network not ready") == 0);
+  node["status"]["conditions"][0]["status"] = "True";
+  CHECK_FALSE(kube::node_trouble(node));
+  node["spec"]["taints"] = json::array({{{"key", "node.kubernetes.io/unreachable"}, {"effect", "NoExecute"}}});
+  CHECK(kube::node_trouble(node) == "node tainted node.kubernetes.io/unreachable:NoExecute");
+  json disrupted = node;
+  disrupted.erase("spec");
+  disrupted["status"]["conditions"].push_back({{"type", "DisruptionTarget"}, {"status", "True"}, {"reason", "PreemptionByScheduler"}});
+  CHECK(kube::node_trouble(disrupted)->find("DisruptionTarget") != std::string::npos);
+}
+
+TEST_CASE("watch frames parse as the apiserver writes them; anything else is skipped") {
+  std::istringstream lines(k8s_text("watch-stream-pods.ndjson"));
+  std::vector<std::string> types;
+  for (std::string line; std::getline(lines, line);)
+    if (auto e = kube::parse_watch_frame(line)) types.push_back(e->type);
+  CHECK(types == std::vector<std::string>{"ADDED", "MODIFIED", "BOOKMARK", "MODIFIED", "DELETED", "ERROR"});
+  const auto bookmark = kube::parse_watch_frame(k8s_text("watch-initial-events-end-bookmark.json"));
+  REQUIRE(bookmark);
+  CHECK(bookmark->object["metadata"]["resourceVersion"] == "12746");
+  CHECK_FALSE(kube::parse_watch_frame(R"({"type":"MODIFIED","object":{"kind":"Pod","metadata":{"na)"));  // cut mid-frame
+  CHECK_FALSE(kube::parse_watch_frame(k8s_text("status-410-expired-watch.json")));  // a Status, not a frame
+}
+
+TEST_CASE("kubeconfig: current context, CA and client certificate data, token file, clear errors") {
+  const auto dir = std::filesystem::temp_directory_path() / "goodput-kubeconfig-test";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "config").string();
+  std::ofstream(dir / "token") << "rotating-token\n";
+  // The fixture's shape, with real base64 where it has placeholders.
+  std::string text = k8s_text("kubeconfig-example.yaml");
+  text.replace(text.find("<base64 PEM>"), 12, "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==");
+  text.replace(text.find("token: <bearer token>"), 21, "tokenFile: token");
+  std::ofstream(path) << text;
+  const kube::KubeConfig c = kube::load_kubeconfig(path);
+  CHECK(c.server == "https://127.0.0.1:6443");
+  CHECK(c.namespace_ == "test");
+  CHECK(c.tls.ca_pem == "-----BEGIN CERTIFICATE-----\n");
+  CHECK(c.token_file == (dir / "token").string());
+  CHECK_THROWS_WITH_AS(kube::load_kubeconfig(path, "nope"), (path + ": no context named 'nope'").c_str(), kube::KubeError);
+  std::ofstream(path) << "apiVersion: v1\nkind: Config\ncurrent-context: a\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n"
+                         "clusters:\n- name: c\n  cluster: {server: 'https://h:6443', certificate-authority-data: '%%%'}\n"
+                         "users:\n- name: u\n  user: {token: t}\n";
+  CHECK_THROWS_WITH_AS(kube::load_kubeconfig(path), (path + ": field 'certificate-authority-data' is not valid base64").c_str(),
+                       kube::KubeError);
+  std::ofstream(path) << "apiVersion: v1\ncurrent-context: a\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n"
+                         "clusters:\n- name: c\n  cluster: {server: 'https://h:6443'}\nusers:\n- name: u\n  user: {exec: {command: aws}}\n";
+  CHECK_THROWS_AS(kube::load_kubeconfig(path), kube::KubeError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the pod a launch creates: labels, memory scaled after an OOM, bad nodes avoided, token from a Secret") {
+  live::KubeBackendSpec s;
+  s.image = "registry.example/trainer:1";
+  s.memory_mb = 1024;
+  s.gpus = 8;
+  s.node_selector["pool"] = "h100";
+  kube::KubeNodesOptions o;
+  o.spec = s;
+  o.master_url = "http://master:8000";
+  o.token = "secret-token";
+  o.job = "Llama_3";
+  o.run = "Llama_3-1700000000";
+  const json pod = kube::KubeNodes::manifest_for(o, "llama-3-1700000000-worker-3", 1500, {"node-b"});
+  CHECK(pod["metadata"]["labels"]["goodput/job"] == "llama-3");
+  CHECK(pod["metadata"]["labels"]["goodput/replica-type"] == "worker");
+  CHECK(pod["metadata"]["labels"]["goodput/launch"] == "3");
+  const json& c = pod["spec"]["containers"][0];
+  CHECK(c["resources"]["limits"]["memory"] == "1536Mi");
+  CHECK(c["resources"]["limits"]["nvidia.com/gpu"] == "8");
+  CHECK(c["command"] == json::array({"goodput", "agent", "--master", "http://master:8000", "--name",
+                                     "llama-3-1700000000-worker-3", "--memory-permille", "1500"}));
+  CHECK(c["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "llama-3-1700000000-token");
+  CHECK(pod.dump().find("secret-token") == std::string::npos);
+  CHECK(pod["spec"]["nodeSelector"]["pool"] == "h100");
+  CHECK(pod["spec"]["restartPolicy"] == "Never");
+  CHECK(pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+           ["matchExpressions"][0]["values"] == json::array({"node-b"}));
+}
+
+TEST_CASE("a job spec's Kubernetes backend is checked field by field") {
+  auto error_of = [](const std::string& backend) {
+    try {
+      live::job_spec_from_json(json::parse(R"({"job":"j","command":["x"],"total_steps":10,"backend":)" + backend + "}"), "", ".");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error_of(R"({"type":"kubernetes"})") == "field 'backend.image' is required: the container image with goodput and the trainer");
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","replica_type":"boss"})").find("replica_type") != std::string::npos);
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","tolerations":{}})").find("tolerations") != std::string::npos);
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","image_pull_policy":"Sometimes"})").find("image_pull_policy") !=
+        std::string::npos);
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","memory_mb":512,"gpus":1})") == "no error");
+}

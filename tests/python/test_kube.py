@@ -1,0 +1,282 @@
+"""The Kubernetes backend end to end. No real API server can run here, so the cluster is the
+Kubernetes API emulator (tests/emulators/kube/kube_emulator.py): it speaks core/v1 in the wire
+format of the fixtures in shared/data/k8s/ (PodList/NodeList with resourceVersion, chunked
+newline-delimited watch frames, BOOKMARK and ERROR 410 frames, Status objects) and really runs the
+pods it is given. `goodput run` creates one pod per node (a real `goodput agent`, which starts a
+real PyTorch DDP trainer); faults are the cluster's own (a container OOMKilled with the fixture's
+status, a node going NotReady/Unknown with the fixture's conditions and taints, a watch cut in the
+middle of a frame, history compacted so a resume gets 410 Expired, an image that never pulls).
+The real kubectl is run against the emulator too, so it follows the protocol, not just our client."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_live import GOODPUT, ROOT, LiveRun, of_type, spec  # noqa: E402
+
+FIXTURES = os.environ.get("GOODPUT_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")) + "/k8s"
+EMULATOR = os.path.join(ROOT, "tests", "emulators", "kube", "kube_emulator.py")
+NS = "training"
+
+
+class Emulator:
+    def __init__(self, test, nodes=3):
+        self.dir = tempfile.mkdtemp(prefix="goodput-kubeemu-")
+        self.proc = subprocess.Popen([sys.executable, EMULATOR, "--fixtures", FIXTURES, "--state-dir", self.dir,
+                                      "--nodes", str(nodes)], stdout=subprocess.PIPE, text=True)
+        test.addCleanup(subprocess.run, ["rm", "-rf", self.dir])
+        test.addCleanup(self.close)
+        line = self.proc.stdout.readline()
+        test.assertTrue(line.startswith("listening on "), line)
+        self.url = line.split()[-1]
+        self.kubeconfig = os.path.join(self.dir, "kubeconfig")
+        with open(self.kubeconfig, "w") as f:
+            f.write(f"apiVersion: v1\nkind: Config\nclusters:\n- name: emu\n  cluster:\n    server: {self.url}\n"
+                    f"users:\n- name: trainer\n  user:\n    token: emulator-token\ncontexts:\n- name: emu\n  context:\n"
+                    f"    cluster: emu\n    user: trainer\n    namespace: {NS}\ncurrent-context: emu\n")
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+        self.proc.stdout.close()
+        for name in os.listdir("/dev/shm"):  # emulated machines share this one's host memory
+            if name.startswith("goodput-kubetest-"):
+                os.unlink(os.path.join("/dev/shm", name))
+
+    def call(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def ok(self, method, path, body=None):
+        code, out = self.call(method, path, body)
+        assert 200 <= code < 300, (code, out)
+        return out
+
+    def pods(self):
+        return {p["metadata"]["name"]: p for p in self.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"]}
+
+    def created(self):
+        return [r["body"] for r in self.ok("GET", "/_emulator/requests")
+                if r["method"] == "POST" and r["path"] == f"/api/v1/namespaces/{NS}/pods"]
+
+    def pod_of_slot(self, run, slot):
+        events = run.events()
+        joined = [j for j in of_type(events, "node_joined") if j["slot"] == slot]
+        return joined[-1]["name"]
+
+
+def kube_spec(emu, **over):
+    backend = {"type": "kubernetes", "kubeconfig": emu.kubeconfig, "image": "registry.example/goodput-trainer:1",
+               "agent": GOODPUT, "memory_mb": 512, "cpu": "1"}
+    backend.update(over.pop("backend", {}))
+    return spec(job="kubetest", backend=backend, **over)
+
+
+def wait_for_step(run, step, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
+                if json.loads(r.read())["step"] >= step:
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the job never reached step {step}")
+
+
+def decisions(events):
+    out = []
+    for e in events:
+        d = e["data"]
+        if e["type"] == "recovery_decided":
+            out.append((d["diagnosis"], d["action"], d["memory_permille"]))
+    return out
+
+
+class KubeEmulatorProtocolTest(unittest.TestCase):
+    """The emulator follows the real protocol: the real kubectl lists and watches through it."""
+
+    def test_kubectl_gets_and_watches_pods(self):
+        kubectl = shutil.which("kubectl")
+        if not kubectl:
+            self.skipTest("kubectl is not installed on this machine")
+        emu = Emulator(self)
+        nodes = subprocess.run([kubectl, "--server", emu.url, "get", "nodes", "-o", "name"], capture_output=True,
+                               text=True, timeout=30)
+        self.assertEqual(nodes.stdout.split(), ["node/node-a", "node/node-b", "node/node-c"], nodes.stderr)
+        watch = subprocess.Popen([kubectl, "--server", emu.url, "-n", NS, "get", "pods", "-w", "-o", "name"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.5)  # kubectl has listed and is watching
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "labels": {"app": "probe"}},
+                   "spec": {"restartPolicy": "Never",
+                            "containers": [{"name": "main", "image": "busybox", "command": ["/bin/sh", "-c", "exit 3"]}]}}
+            self.assertEqual(emu.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)[0], 201)
+            code, status = emu.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+            self.assertEqual((code, status["kind"], status["reason"]), (409, "Status", "AlreadyExists"))
+            deadline = time.time() + 20
+            while emu.pods()["probe"]["status"]["phase"] != "Failed" and time.time() < deadline:
+                time.sleep(0.1)
+            time.sleep(1)
+        finally:
+            watch.terminate()
+            out, err = watch.communicate()
+        # Watch output: one line per event kubectl received (added, scheduled, running, failed).
+        self.assertGreaterEqual(out.split().count("pod/probe"), 3, (out, err))
+        terminated = emu.pods()["probe"]["status"]["containerStatuses"][0]["state"]["terminated"]
+        self.assertEqual((terminated["exitCode"], terminated["reason"]), (3, "Error"))
+        got = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "get", "pod", "probe", "-o", "json"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(json.loads(got.stdout)["status"]["phase"], "Failed")
+        missing = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "get", "pod", "nope"], capture_output=True,
+                                 text=True, timeout=30)
+        self.assertIn('pods "nope" not found', missing.stderr)
+
+
+class KubeBackendTest(unittest.TestCase):
+    def diag(self, run):
+        return f"\n--- stderr:\n{run.stderr[-3000:]}\n--- stdout:\n{run.stdout[-1500:]}"
+
+    def run_with(self, run, during=None, timeout=240):
+        proc = subprocess.Popen(run.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if during:
+                during()
+            run.stdout, run.stderr = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                run.stdout, run.stderr = proc.communicate()
+        return proc.returncode
+
+    def test_an_oomkilled_pod_is_relaunched_with_more_memory(self):
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=160))
+
+        def oom():
+            run.wait_for_master()
+            wait_for_step(run, 40)
+            emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 1)})
+
+        self.assertEqual(self.run_with(run, oom), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual(len(failures), 1, failures)
+        # The fixture's status: reason OOMKilled with exit code 1 (not 137): the reason decides.
+        self.assertIn("reason=OOMKilled exitCode=1", failures[0]["reason"])
+        self.assertEqual(decisions(ev), [("out_of_memory", "relaunch_with_more_memory", 1500)])
+        created = emu.created()
+        self.assertEqual(len(created), 3)
+        limits = [c["spec"]["containers"][0]["resources"]["limits"]["memory"] for c in created]
+        self.assertEqual(limits, ["512Mi", "512Mi", "768Mi"])
+        for c in created:  # the token comes from a Secret, never in the pod spec
+            self.assertNotIn(run.token(), json.dumps(c))
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        self.assertEqual(emu.pods(), {}, "the job's pods are deleted when it ends")
+
+    def test_a_node_going_not_ready_loses_its_pods_to_other_nodes(self):
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=160))
+        bad = {}
+
+        def node_down():
+            run.wait_for_master()
+            wait_for_step(run, 50)
+            pod = emu.pods()[emu.pod_of_slot(run, 0)]
+            bad["node"] = pod["spec"]["nodeName"]
+            emu.ok("POST", "/_emulator/node-down", {"node": bad["node"], "form": "unknown"})
+
+        self.assertEqual(self.run_with(run, node_down), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual([f["kind"] for f in failures], ["node_lost"], failures)
+        self.assertIn(f"node {bad['node']} lost: node Ready=Unknown (NodeStatusUnknown", failures[0]["reason"])
+        self.assertEqual(decisions(ev), [("hardware_error", "relaunch_node", 1000)])
+        # Detected from the node's status, not from the 300 s toleration or the heartbeat timeout.
+        fail_t = [e["t"] for e in ev if e["type"] == "failure_observed"][0]
+        self.assertLess(fail_t - failures[0]["stalled_since_ns"], 3_000_000_000)
+        replacement = emu.created()[-1]
+        terms = replacement["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(terms["nodeSelectorTerms"][0]["matchExpressions"][0],
+                         {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad["node"]]})
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
+    def test_a_cut_watch_and_an_expired_version_miss_no_failure_and_relaunch_once(self):
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=160, heartbeat_timeout="20s", hang_timeout="20s"))
+
+        def chaos():
+            run.wait_for_master()
+            wait_for_step(run, 40)
+            # The watches stall; a pod is OOMKilled; the history is compacted past it; the watches
+            # are cut in the middle of the OOM frame. A resume from the last version gets an HTTP
+            # 410: only a re-list can see the failure.
+            emu.ok("POST", "/_emulator/pause-watches", {})
+            emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 1)})
+            emu.ok("POST", "/_emulator/compact", {"in_stream": False})
+            emu.ok("POST", "/_emulator/cut-watches", {})
+            wait_for_step(run, 100)
+            # Again with the 410 as an ERROR frame in a 200 stream, and nothing to miss this time.
+            emu.ok("POST", "/_emulator/pause-watches", {})
+            emu.ok("POST", "/_emulator/compact", {"in_stream": True})
+            emu.ok("POST", "/_emulator/cut-watches", {})
+
+        self.assertEqual(self.run_with(run, chaos), 0, self.diag(run))
+        ev = run.events()
+        self.assertEqual(decisions(ev), [("out_of_memory", "relaunch_with_more_memory", 1500)])
+        self.assertEqual(len(emu.created()), 3, "exactly one relaunch")
+        self.assertGreaterEqual(run.stderr.count("pods watch expired (410): listing again"), 2, run.stderr)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
+    def test_an_image_that_never_pulls_fails_the_job_at_once(self):
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=160, backend={"image": "registry.example/does-not-exist:1"}))
+        t0 = time.time()
+        self.assertEqual(self.run_with(run, timeout=120), 1, self.diag(run))
+        self.assertLess(time.time() - t0, 60)
+        reason = of_type(run.events(), "job_finished")[-1]["reason"]
+        self.assertTrue(reason.startswith("failed: container agent cannot start: Err"), reason)
+        self.assertIn("registry.example/does-not-exist:1", reason)
+        self.assertEqual(len(emu.created()), 2, "no relaunch loop")
+        self.assertEqual(of_type(run.events(), "recovery_decided"), [])
+
+    def test_a_replay_of_the_emulated_run_makes_the_same_decisions(self):
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=160),
+                      [{"fault": "kill-process", "slot": 1, "at_step": 40}])
+
+        def oom():
+            run.wait_for_master()
+            wait_for_step(run, 100)
+            emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 0)})
+
+        self.assertEqual(self.run_with(run, oom), 0, self.diag(run))
+        live = decisions(run.events())
+        self.assertEqual(live, [("software_error", "restart_process", 1000),
+                                ("out_of_memory", "relaunch_with_more_memory", 1500)])
+        replay_db = os.path.join(run.dir, "replay.db")
+        subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--events", replay_db,
+                        "--policy", os.path.join(ROOT, "examples/pytorch/policy.json")],
+                       capture_output=True, text=True, check=True)
+        out = subprocess.run([GOODPUT, "report", replay_db, "--format", "events"], capture_output=True, text=True,
+                             check=True)
+        replayed = decisions([json.loads(line) for line in out.stdout.splitlines()])
+        self.assertEqual(replayed, live)
+
+
+if __name__ == "__main__":
+    unittest.main()
