@@ -1,16 +1,39 @@
-// Fuzzes what the live side reads from outside: job specs (JOB.json, with its backend section) and
-// the Ray dashboard's answers (job details, job lists, the State API's node list). JSON in; a
-// JobSpec, parsed Ray objects, or a ConfigError / RayError out, never a crash.
+// Fuzzes what the live side reads from outside: job specs (JOB.json, with its backend section), the
+// Ray dashboard's answers (job details, job lists, the State API's node list), and the Kubernetes
+// API's (watch frames, pods and nodes as the backend reads them, YAML as in a kubeconfig). A parsed
+// object or a ConfigError / RayError / KubeError out, never a crash.
 #include <cstdint>
 #include <string>
 
+#include "backends/kubernetes/kube_client.h"
+#include "backends/kubernetes/kube_nodes.h"
 #include "backends/live/job_spec.h"
 #include "backends/ray/ray_client.h"
 #include "engine/json_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  // Every line as a watch frame (a stream cut anywhere), and what the backend reads of its object.
+  for (size_t start = 0; start <= text.size();) {
+    const size_t nl = std::min(text.find('\n', start), text.size());
+    if (auto e = goodput::kube::parse_watch_frame(text.substr(start, nl - start))) {
+      (void)goodput::kube::pod_trouble(e->object);
+      (void)goodput::kube::node_trouble(e->object);
+    }
+    start = nl + 1;
+  }
+  try {
+    // As a kubeconfig: its files are never read (no file fields resolve to a real one here).
+    const nlohmann::json doc = goodput::kube::yaml_to_json(std::string(text));
+    const std::string dumped = doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (dumped.find("client-certificate\"") == std::string::npos && dumped.find("client-key\"") == std::string::npos)
+      (void)goodput::kube::load_kubeconfig_json(doc, "/nonexistent/kubeconfig");
+  } catch (const goodput::kube::KubeError&) {
+  }
   auto j = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return 0;
+  (void)goodput::kube::pod_trouble(j);
+  (void)goodput::kube::node_trouble(j);
   try {
     (void)goodput::ray::parse_job(j, "job");
   } catch (const goodput::ray::RayError&) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers with libFuzzer (Debian clang) under ASan+UBSan: traces, policy JSON, event-log
-# lines, checkpoint files, the live master's agent API, job specs and the Ray dashboard's answers. Seeds come from the shipped traces and policies, a replay's event log
+# lines, checkpoint files, the live master's agent API, job specs, and the Ray dashboard's and the
+# Kubernetes API's answers (watch frames, pods, nodes, YAML). Seeds come from the shipped traces and policies, a replay's event log
 # and a real checkpoint. First replays every saved regression input, then fuzzes each target for
 # $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
 # fuzz/regressions/<target>/ with the fix so it is replayed from then on.
@@ -17,6 +18,7 @@ cp examples/policies/*.json "$corpus/policy/"
 cp examples/pytorch/job.json "$corpus/backend/job.json"
 cp examples/unified/*.json "$corpus/backend/"
 if [ -d ../shared/data/ray ]; then cp ../shared/data/ray/*.json "$corpus/backend/"; fi
+if [ -d ../shared/data/k8s ]; then cp ../shared/data/k8s/*.json ../shared/data/k8s/*.ndjson ../shared/data/k8s/*.yaml "$corpus/backend/"; fi
 # Event lines and a checkpoint file, made by the regular build (scripts/build.sh build).
 if [ -x build/goodput ]; then
   rm -f "$corpus/events.db"

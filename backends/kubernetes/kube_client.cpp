@@ -71,6 +71,12 @@ json yaml_node_to_json(const YAML::Node& n) {
   }
 }
 
+// metadata.resourceVersion, or "" when there is none (or it is not a string).
+std::string resource_version_of(const json& j) {
+  const json::json_pointer p("/metadata/resourceVersion");
+  return j.is_object() && j.contains(p) && j[p].is_string() ? j[p].get<std::string>() : std::string();
+}
+
 }  // namespace
 
 json yaml_to_json(const std::string& yaml_text) {
@@ -82,7 +88,23 @@ json yaml_to_json(const std::string& yaml_text) {
 }
 
 KubeConfig load_kubeconfig(const std::string& path, const std::string& context) {
-  const json j = yaml_to_json(read_file(path, "kubeconfig"));
+  return load_kubeconfig_json(yaml_to_json(read_file(path, "kubeconfig")), path, context);
+}
+
+namespace {
+KubeConfig kubeconfig_from(const json& j, const std::string& path, const std::string& context);
+}
+
+KubeConfig load_kubeconfig_json(const json& j, const std::string& path, const std::string& context) {
+  try {
+    return kubeconfig_from(j, path, context);
+  } catch (const json::exception& e) {
+    throw KubeError(path + ": a field has the wrong type (" + e.what() + ")", 0);
+  }
+}
+
+namespace {
+KubeConfig kubeconfig_from(const json& j, const std::string& path, const std::string& context) {
   const std::string where = path + ": ";
   auto named = [&](const char* list, const std::string& name, const char* inner) -> const json& {
     if (j.contains(list) && j[list].is_array())
@@ -128,6 +150,7 @@ KubeConfig load_kubeconfig(const std::string& path, const std::string& context) 
                     0);
   return c;
 }
+}  // namespace
 
 KubeConfig in_cluster_config(const std::string& dir) {
   const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
@@ -183,8 +206,8 @@ namespace {
 // The Status object's message and reason, or the raw body.
 std::pair<std::string, std::string> status_of(const std::string& body) {
   const json j = json::parse(body, nullptr, false);
-  if (j.is_object() && j.value("kind", "") == "Status")
-    return {j.value("message", std::string()), j.value("reason", std::string())};
+  auto text = [&](const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(); };
+  if (j.is_object() && text("kind") == "Status") return {text("message"), text("reason")};
   return {body.substr(0, 300), ""};
 }
 int retry_after_ms(const std::string& header, int fallback) {
@@ -226,7 +249,7 @@ KubeClient::List KubeClient::list(const std::string& path, const std::string& la
   List out;
   if (!j.contains("items") || !j["items"].is_array()) throw KubeError("GET " + target + ": no 'items' list", 200);
   for (const json& item : j["items"]) out.items.push_back(item);
-  out.resource_version = j.value("/metadata/resourceVersion"_json_pointer, std::string());
+  out.resource_version = resource_version_of(j);
   return out;
 }
 
@@ -245,10 +268,11 @@ bool KubeClient::watch(const std::string& path, const std::string& label_selecto
           const auto ev = parse_watch_frame(std::string_view(partial).substr(start, nl - start));
           if (!ev) continue;
           if (ev->type == "ERROR") {
-            if (ev->object.value("code", 0) == 410) expired = true;
+            const json& code = ev->object.contains("code") ? ev->object["code"] : json();
+            if (code.is_number_integer() && code.get<int>() == 410) expired = true;
             continue;
           }
-          const std::string rv = ev->object.value("/metadata/resourceVersion"_json_pointer, std::string());
+          const std::string rv = resource_version_of(ev->object);
           if (ev->type != "BOOKMARK") on_event(*ev);
           if (!rv.empty()) resource_version = rv;  // after handling: a crash mid-event replays it
         }

@@ -37,6 +37,8 @@ struct KubeConfig {
 // file or base64 data, insecure-skip-tls-verify) and user (token, tokenFile, client certificate
 // and key as files or data). Errors name the file and the field.
 KubeConfig load_kubeconfig(const std::string& path, const std::string& context = "");
+// The same from the parsed document; `path` names it in errors and anchors relative file paths.
+KubeConfig load_kubeconfig_json(const nlohmann::json& doc, const std::string& path, const std::string& context = "");
 // Inside a pod: KUBERNETES_SERVICE_HOST/PORT, and the service account's token, CA and namespace
 // under `dir` (/var/run/secrets/kubernetes.io/serviceaccount).
 KubeConfig in_cluster_config(const std::string& dir = "/var/run/secrets/kubernetes.io/serviceaccount");

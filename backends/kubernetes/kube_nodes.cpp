@@ -14,11 +14,32 @@ namespace {
 const std::set<std::string> kConfigErrors = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName",
                                              "CreateContainerConfigError", "ErrImageNeverPull"};
 
+// Readers that take whatever the API server (or a fuzzer) sends: a missing or mistyped field
+// reads as empty, never as an exception.
+const json& field(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+std::string str(const json& j, const char* key, const std::string& fallback = "") {
+  const json& v = field(j, key);
+  return v.is_string() ? v.get<std::string>() : fallback;
+}
+int64_t num(const json& j, const char* key) {
+  const json& v = field(j, key);
+  return v.is_number_integer() ? v.get<int64_t>() : 0;
+}
+const json& list(const json& j, const char* key) {
+  static const json kEmpty = json::array();
+  const json& v = field(j, key);
+  return v.is_array() ? v : kEmpty;
+}
+
 std::string describe(const json& terminated) {
-  std::string s = "reason=" + terminated.value("reason", std::string("?")) +
-                  " exitCode=" + std::to_string(terminated.value("exitCode", 0));
-  if (terminated.value("signal", 0) != 0) s += " signal=" + std::to_string(terminated.value("signal", 0));
-  const std::string msg = terminated.value("message", std::string());
+  std::string s = "reason=" + str(terminated, "reason", "?") + " exitCode=" + std::to_string(num(terminated, "exitCode"));
+  if (num(terminated, "signal") != 0) s += " signal=" + std::to_string(num(terminated, "signal"));
+  const std::string msg = str(terminated, "message");
   if (!msg.empty()) s += ": " + msg;
   return s;
 }
@@ -44,60 +65,54 @@ std::string dns_label(const std::string& s) {
 }  // namespace
 
 std::optional<PodTrouble> pod_trouble(const json& pod) {
-  const json status = pod.value("status", json::object());
-  const std::string phase = status.value("phase", std::string());
-  if (status.value("reason", std::string()) == "Evicted")
-    return PodTrouble{"pod Evicted: " + status.value("message", std::string()), false};
+  const json& status = field(pod, "status");
+  const std::string phase = str(status, "phase");
+  if (str(status, "reason") == "Evicted") return PodTrouble{"pod Evicted: " + str(status, "message"), false};
   std::optional<PodTrouble> found;
-  for (const char* list : {"initContainerStatuses", "containerStatuses"}) {
-    if (!status.contains(list) || !status[list].is_array()) continue;
-    for (const json& cs : status[list]) {
-      const std::string name = cs.value("name", std::string("?"));
-      const json state = cs.value("state", json::object());
-      if (state.contains("waiting")) {
-        const std::string why = state["waiting"].value("reason", std::string());
-        const std::string msg = state["waiting"].value("message", std::string());
-        if (kConfigErrors.count(why)) return PodTrouble{"container " + name + " cannot start: " + why + ": " + msg, true};
+  for (const char* statuses : {"initContainerStatuses", "containerStatuses"}) {
+    for (const json& cs : list(status, statuses)) {
+      const std::string name = str(cs, "name", "?");
+      const json& state = field(cs, "state");
+      const json& last = field(field(cs, "lastState"), "terminated");
+      if (const json& waiting = field(state, "waiting"); waiting.is_object()) {
+        const std::string why = str(waiting, "reason");
+        if (kConfigErrors.count(why))
+          return PodTrouble{"container " + name + " cannot start: " + why + ": " + str(waiting, "message"), true};
         if (why == "CrashLoopBackOff") {
           std::string r = "container " + name + " CrashLoopBackOff";
-          if (cs.contains("lastState") && cs["lastState"].contains("terminated"))
-            r += "; last exit: " + describe(cs["lastState"]["terminated"]);
+          if (last.is_object()) r += "; last exit: " + describe(last);
           return PodTrouble{r, false};
         }
       }
       // The runtime's `reason` comes first: OOMKilled is an OOM whatever the exit code says.
-      if (state.contains("terminated")) {
-        const json& t = state["terminated"];
-        if (t.value("exitCode", 0) != 0 || t.value("reason", std::string()) != "Completed" || phase == "Failed")
+      if (const json& t = field(state, "terminated"); t.is_object()) {
+        if (num(t, "exitCode") != 0 || str(t, "reason") != "Completed" || phase == "Failed")
           found = PodTrouble{"container " + name + " terminated: " + describe(t), false};
-      } else if (cs.value("restartCount", 0) > 0 && cs.contains("lastState") && cs["lastState"].contains("terminated")) {
+      } else if (num(cs, "restartCount") > 0 && last.is_object()) {
         // Restarted by the kubelet already: the failure is in lastState.
-        found = PodTrouble{"container " + name + " restarted " + std::to_string(cs.value("restartCount", 0)) +
-                               " times; last exit: " + describe(cs["lastState"]["terminated"]),
+        found = PodTrouble{"container " + name + " restarted " + std::to_string(num(cs, "restartCount")) +
+                               " times; last exit: " + describe(last),
                            false};
       }
     }
   }
   if (found) return found;
-  if (phase == "Failed")
-    return PodTrouble{"pod Failed: " + status.value("reason", std::string()) + " " + status.value("message", std::string()),
-                      false};
+  if (phase == "Failed") return PodTrouble{"pod Failed: " + str(status, "reason") + " " + str(status, "message"), false};
   if (phase == "Succeeded") return PodTrouble{"pod completed", false};
   return std::nullopt;
 }
 
 std::optional<std::string> node_trouble(const json& node) {
-  const json status = node.value("status", json::object());
-  for (const json& c : status.value("conditions", json::array())) {
-    const std::string type = c.value("type", std::string()), st = c.value("status", std::string());
-    const std::string why = c.value("reason", std::string()) + ": " + c.value("message", std::string());
+  for (const json& c : list(field(node, "status"), "conditions")) {
+    const std::string type = str(c, "type"), st = str(c, "status");
+    const std::string why = str(c, "reason") + ": " + str(c, "message");
     if (type == "Ready" && st != "True") return "node Ready=" + st + " (" + why + ")";
     if (type == "DisruptionTarget" && st == "True") return "node DisruptionTarget (" + why + ")";
   }
-  for (const json& t : node.value("/spec/taints"_json_pointer, json::array())) {
-    const std::string key = t.value("key", std::string());
+  for (const json& t : list(field(node, "spec"), "taints")) {
+    const std::string key = str(t, "key");
     if (key == "node.kubernetes.io/unreachable" || key == "node.kubernetes.io/not-ready")
-      return "node tainted " + key + ":" + t.value("effect", std::string());
+      return "node tainted " + key + ":" + str(t, "effect");
   }
   return std::nullopt;
 }
@@ -118,10 +133,10 @@ KubeNodes::KubeNodes(KubeNodesOptions options) : o_(std::move(options)), client_
   }
   if (o_.adopt) {
     for (const json& p : client_.list("/api/v1/namespaces/" + ns_ + "/pods", selector_).items) {
-      const std::string name = p.value("/metadata/name"_json_pointer, std::string());
+      const std::string name = str(field(p, "metadata"), "name");
       const auto dash = name.rfind('-');
       if (dash != std::string::npos) counter_ = std::max(counter_, std::atoi(name.c_str() + dash + 1) + 1);
-      pods_[name].node = p.value("/spec/nodeName"_json_pointer, std::string());
+      pods_[name].node = str(field(p, "spec"), "nodeName");
     }
   }
   threads_.emplace_back([this] { commands(); });
@@ -237,17 +252,17 @@ void KubeNodes::report(const std::string& name, Pod& p, std::string reason, bool
 }
 
 void KubeNodes::on_pod(const std::string& type, const json& pod) {
-  const std::string name = pod.value("/metadata/name"_json_pointer, std::string());
+  const std::string name = str(field(pod, "metadata"), "name");
   std::lock_guard lock(mu_);
   auto it = pods_.find(name);
   if (it == pods_.end()) return;  // not one this master launched
   Pod& p = it->second;
-  p.node = pod.value("/spec/nodeName"_json_pointer, p.node);
+  p.node = str(field(pod, "spec"), "nodeName", p.node);
   if (type == "DELETED") {
     p.ended = true;
     report(name, p, "pod " + name + " was deleted", false);
   } else if (const auto t = pod_trouble(pod)) {
-    const std::string phase = pod.value("/status/phase"_json_pointer, std::string());
+    const std::string phase = str(field(pod, "status"), "phase");
     p.ended = phase == "Failed" || phase == "Succeeded";
     report(name, p, t->reason, t->fatal);
   } else if (!p.node.empty() && bad_nodes_.count(p.node)) {
@@ -257,7 +272,7 @@ void KubeNodes::on_pod(const std::string& type, const json& pod) {
 }
 
 void KubeNodes::on_node(const std::string& type, const json& node) {
-  const std::string name = node.value("/metadata/name"_json_pointer, std::string());
+  const std::string name = str(field(node, "metadata"), "name");
   const auto trouble = type == "DELETED" ? std::optional<std::string>("node deleted") : node_trouble(node);
   std::lock_guard lock(mu_);
   if (!trouble) {
