@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+
+#include <yaml-cpp/yaml.h>
 
 #include "backends/kubernetes/kube_client.h"
 #include "backends/kubernetes/kube_nodes.h"
@@ -170,4 +173,85 @@ TEST_CASE("a job spec's Kubernetes backend is checked field by field") {
   CHECK(error_of(R"({"type":"kubernetes","image":"i","image_pull_policy":"Sometimes"})").find("image_pull_policy") !=
         std::string::npos);
   CHECK(error_of(R"({"type":"kubernetes","image":"i","memory_mb":512,"gpus":1})") == "no error");
+}
+
+TEST_CASE("the shipped Kubernetes job spec and the deployment's ConfigMap are valid job specs") {
+  const live::JobSpec ex = live::load_job_spec(std::string(GOODPUT_SOURCE_DIR) + "/examples/unified/kubernetes-job.json");
+  CHECK(ex.backend == "kubernetes");
+  CHECK(ex.kube.gpus == 8);
+  CHECK(ex.kube.volume_mounts[0]["mountPath"] == "/checkpoints");
+  std::ifstream in(std::string(GOODPUT_SOURCE_DIR) + "/backends/kubernetes/deploy/goodput.yaml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::vector<json> docs;
+  for (const YAML::Node& d : YAML::LoadAll(ss.str())) docs.push_back(kube::yaml_to_json(YAML::Dump(d)));
+  std::map<std::string, int> kinds;
+  for (const json& d : docs) ++kinds[d["kind"].get<std::string>()];
+  CHECK(kinds == std::map<std::string, int>{{"ClusterRole", 1}, {"ClusterRoleBinding", 1}, {"ConfigMap", 1}, {"Deployment", 1},
+                                             {"PersistentVolumeClaim", 1}, {"Role", 1}, {"RoleBinding", 1}, {"Service", 1},
+                                             {"ServiceAccount", 1}});
+  for (const json& d : docs) {
+    if (d["kind"] == "Role") {
+      // The least rights: its own pods and the token Secret; no update, patch or deletecollection.
+      CHECK(d["rules"][0]["verbs"] == json::array({"create", "delete", "get", "list", "watch"}));
+      CHECK(d["rules"][1]["verbs"] == json::array({"create"}));
+    }
+    if (d["kind"] == "ConfigMap") {
+      const json spec = json::parse(d["data"]["job.json"].get<std::string>());
+      json inline_policy = spec;
+      inline_policy["policy"] = json::parse(d["data"]["policy.json"].get<std::string>());
+      const live::JobSpec s = live::job_spec_from_json(inline_policy, "ConfigMap goodput-job", ".");
+      CHECK(s.kube.master_url == "http://goodput-master:8000");
+      CHECK(load_policy(s.policy).recovery != nullptr);
+    }
+  }
+}
+
+TEST_CASE("in-cluster configuration: the service account's files, the token read again before each call") {
+  const auto dir = std::filesystem::temp_directory_path() / "goodput-sa-test";
+  std::filesystem::create_directories(dir);
+  ::unsetenv("KUBERNETES_SERVICE_HOST");
+  CHECK_THROWS_WITH_AS(kube::in_cluster_config(dir.string()),
+                       "not inside a Kubernetes pod (KUBERNETES_SERVICE_HOST/PORT unset): give backend.kubeconfig",
+                       kube::KubeError);
+  ::setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1", 1);
+  ::setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+  std::ofstream(dir / "token") << "token-1\n";
+  std::ofstream(dir / "namespace") << "training";
+  std::ofstream(dir / "ca.crt") << "";
+  const kube::KubeConfig c = kube::in_cluster_config(dir.string());
+  CHECK(c.server == "https://10.96.0.1:443");
+  CHECK(c.namespace_ == "training");
+  CHECK(c.token_file == (dir / "token").string());
+  CHECK(c.tls.ca_file == (dir / "ca.crt").string());
+  ::unsetenv("KUBERNETES_SERVICE_HOST");
+  ::unsetenv("KUBERNETES_SERVICE_PORT");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the client sends the token file's current token, and honours 429 Retry-After") {
+  const auto dir = std::filesystem::temp_directory_path() / "goodput-token-test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "token") << "token-1\n";
+  std::vector<std::string> seen;
+  int throttle = 1;
+  boost::asio::io_context io;
+  live::HttpServer server(io, "127.0.0.1", 0, [&](const live::HttpRequest& r) -> live::HttpResponse {
+    seen.push_back(r.authorization);
+    if (throttle-- > 0) return {429, "application/json", k8s_text("status-429-eviction-pdb.json")};
+    return {200, "application/json", R"({"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7"},"items":[]})"};
+  });
+  std::thread t([&] { io.run(); });
+  kube::KubeConfig c;
+  c.server = "http://127.0.0.1:" + std::to_string(server.port());
+  c.token_file = (dir / "token").string();
+  kube::KubeClient client(c);
+  CHECK(client.list("/api/v1/namespaces/x/pods", "goodput/run=r").resource_version == "7");
+  CHECK(client.retries() == 1);
+  std::ofstream(dir / "token") << "token-2\n";  // rotated by the kubelet
+  client.list("/api/v1/namespaces/x/pods");
+  io.stop();
+  t.join();
+  CHECK(seen == std::vector<std::string>{"Bearer token-1", "Bearer token-1", "Bearer token-2"});
+  std::filesystem::remove_all(dir);
 }

@@ -166,6 +166,7 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
                                           {"valueFrom", {{"secretKeyRef", {{"name", dns_label(o_.run) + "-token"},
                                                                            {"key", "token"}}}}}}})}};
   if (!s.working_dir.empty()) container["workingDir"] = s.working_dir;
+  if (!s.volume_mounts.empty()) container["volumeMounts"] = s.volume_mounts;
   if (!s.image_pull_policy.empty()) container["imagePullPolicy"] = s.image_pull_policy;
   json limits = json::object(), requests = json::object();
   if (s.memory_mb > 0) {
@@ -179,6 +180,7 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
   if (!s.service_account.empty()) spec["serviceAccountName"] = s.service_account;
   if (!s.node_selector.empty()) spec["nodeSelector"] = s.node_selector;
   if (!s.tolerations.empty()) spec["tolerations"] = s.tolerations;
+  if (!s.volumes.empty()) spec["volumes"] = s.volumes;
   if (!avoid.empty())
     spec["affinity"] = {{"nodeAffinity",
                          {{"requiredDuringSchedulingIgnoredDuringExecution",

@@ -1,5 +1,6 @@
 #include "backends/live/job_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -102,6 +103,12 @@ KubeBackendSpec kube_backend_from_json(const nlohmann::json& j, const std::strin
     r.fail("replica_type", "must be worker, ps or chief");
   b.master_url = r.text("master_url", "");
   b.working_dir = r.text("working_dir", "");
+  for (const auto& [key, out] : {std::pair{"volumes", &b.volumes}, std::pair{"volume_mounts", &b.volume_mounts}})
+    if (const nlohmann::json* v = r.child(key)) {
+      if (!v->is_array() || !std::all_of(v->begin(), v->end(), [](const nlohmann::json& x) { return x.is_object(); }))
+        r.fail(key, "must be a list of Kubernetes objects");
+      *out = *v;
+    }
   r.finish();
   return b;
 }
@@ -173,6 +180,9 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
     } else if (type == "kubernetes" && b->is_object()) {
       s.backend = "kubernetes";
       s.kube = kube_backend_from_json(*b, at);
+      // A kubeconfig path is relative to the spec, like the policy's.
+      if (!s.kube.kubeconfig.empty() && std::filesystem::path(s.kube.kubeconfig).is_relative())
+        s.kube.kubeconfig = (std::filesystem::path(base_dir) / s.kube.kubeconfig).string();
     } else {
       r.fail("backend", "must be \"local\", {\"type\": \"ray\", \"address\": \"http://head:8265\", ...} or "
                         "{\"type\": \"kubernetes\", \"image\": ..., ...}");

@@ -49,6 +49,8 @@ struct KubeBackendSpec {
   std::string replica_type = "worker";
   std::string master_url;   // how pods reach the master (a Service); empty: the URL it listens on
   std::string working_dir;  // the container's working directory; empty: the image's
+  nlohmann::json volumes = nlohmann::json::array();        // pod volumes (e.g. the checkpoint storage's PVC)
+  nlohmann::json volume_mounts = nlohmann::json::array();  // where the container mounts them
 };
 
 struct JobSpec {

@@ -254,6 +254,20 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual(len(emu.created()), 2, "no relaunch loop")
         self.assertEqual(of_type(run.events(), "recovery_decided"), [])
 
+    def test_throttling_and_server_errors_are_retried_with_the_servers_delay(self):
+        emu = Emulator(self)
+        pods = f"/api/v1/namespaces/{NS}/pods"
+        emu.ok("POST", "/_emulator/faults", {"count": 1, "code": 429, "retry_after": 2, "method": "POST", "path": pods})
+        emu.ok("POST", "/_emulator/faults", {"count": 2, "code": 503, "method": "POST", "path": pods})
+        emu.ok("POST", "/_emulator/faults", {"count": 2, "code": 500, "method": "GET", "path": "/api/v1/nodes"})
+        run = LiveRun(self, kube_spec(emu, total_steps=60))
+        self.assertEqual(self.run_with(run), 0, self.diag(run))
+        posts = [r for r in emu.ok("GET", "/_emulator/requests") if r["method"] == "POST" and r["path"] == pods]
+        self.assertEqual(len(posts), 2 + 3, "two pods, after one 429 and two 503s")
+        self.assertGreaterEqual(posts[1]["time"] - posts[0]["time"], 1.9, "Retry-After: 2 was honoured")
+        self.assertEqual(len({p["body"]["metadata"]["name"] for p in posts}), 2)
+        self.assertEqual(of_type(run.events(), "job_finished")[-1]["reason"], "completed")
+
     def test_a_replay_of_the_emulated_run_makes_the_same_decisions(self):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160),

@@ -25,6 +25,8 @@ Faults for tests, on /_emulator/ (not part of the Kubernetes API):
   POST /_emulator/compact {"in_stream"}   history is dropped: a watch from any version a client holds
                                           gets 410 Expired (HTTP status, or with in_stream an ERROR
                                           frame in a 200 stream)
+  POST /_emulator/faults {"count", "code", "method", "path", "retry_after"}
+                                          the next `count` matching requests get a 429 or 5xx Status
   GET  /_emulator/requests                every API request seen
 Images whose name contains "does-not-exist" never pull (ErrImagePull, then ImagePullBackOff).
 """
@@ -81,6 +83,7 @@ class Cluster:
         self.paused = False  # open watches hold their events
         self.pods, self.nodes, self.secrets, self.procs = {}, {}, {}, {}
         self.requests = []
+        self.faults = []  # {"count", "code", "method", "path", "retry_after"}
         for i in range(nodes):
             name = f"node-{chr(ord('a') + i)}"
             self.put("nodes", "ADDED", {
@@ -322,7 +325,23 @@ class Handler(BaseHTTPRequestHandler):
             return self.control(method, parts[1] if len(parts) > 1 else "", body or {})
         with c.lock:
             c.requests.append({"method": method, "path": url.path, "query": q, "body": body,
-                               "authorization": self.headers.get("Authorization")})
+                               "authorization": self.headers.get("Authorization"), "time": time.time()})
+            fault = next((f for f in c.faults if f["count"] > 0 and f.get("method", method) == method
+                          and url.path.startswith(f.get("path", "/api/"))), None)
+            if fault:
+                fault["count"] -= 1
+        if fault:
+            code = int(fault["code"])
+            data = json.dumps(status(code, "TooManyRequests" if code == 429 else "InternalError",
+                                     "emulated: " + ("too many requests" if code == 429 else "internal error"))).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            if "retry_after" in fault:
+                self.send_header("Retry-After", str(fault["retry_after"]))
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if url.path == "/api":
             return self.reply(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": self.headers.get("Host", "127.0.0.1")}]})
@@ -475,6 +494,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200 if c.oom(body.get("namespace", "default"), body["pod"]) else 404, {"ok": True})
         if method == "POST" and what == "node-down":
             return self.reply(200 if c.node_down(body["node"], body.get("form", "unknown")) else 404, {"ok": True})
+        if method == "POST" and what == "faults":
+            with c.lock:
+                c.faults.append(body)
+            return self.reply(200, {"ok": True})
         if method == "POST" and what == "pause-watches":
             with c.lock:
                 c.paused = True
