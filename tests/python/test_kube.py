@@ -85,17 +85,6 @@ def kube_spec(emu, **over):
     return spec(job="kubetest", backend=backend, **over)
 
 
-def wait_for_step(run, step, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
-                if json.loads(r.read())["step"] >= step:
-                    return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the job never reached step {step}")
 
 
 def decisions(events):
@@ -148,31 +137,15 @@ class KubeEmulatorProtocolTest(unittest.TestCase):
 
 
 class KubeBackendTest(unittest.TestCase):
-    def diag(self, run):
-        return f"\n--- stderr:\n{run.stderr[-3000:]}\n--- stdout:\n{run.stdout[-1500:]}"
-
-    def run_with(self, run, during=None, timeout=240):
-        proc = subprocess.Popen(run.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            if during:
-                during()
-            run.stdout, run.stderr = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                run.stdout, run.stderr = proc.communicate()
-        return proc.returncode
-
     def test_an_oomkilled_pod_is_relaunched_with_more_memory(self):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160))
 
         def oom():
-            run.wait_for_master()
-            wait_for_step(run, 40)
+            run.wait_for_step(40)
             emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 1)})
 
-        self.assertEqual(self.run_with(run, oom), 0, self.diag(run))
+        self.assertEqual(run.run_while(oom), 0, run.diag())
         ev = run.events()
         failures = of_type(ev, "failure_observed")
         self.assertEqual(len(failures), 1, failures)
@@ -194,13 +167,12 @@ class KubeBackendTest(unittest.TestCase):
         bad = {}
 
         def node_down():
-            run.wait_for_master()
-            wait_for_step(run, 50)
+            run.wait_for_step(50)
             pod = emu.pods()[emu.pod_of_slot(run, 0)]
             bad["node"] = pod["spec"]["nodeName"]
             emu.ok("POST", "/_emulator/node-down", {"node": bad["node"], "form": "unknown"})
 
-        self.assertEqual(self.run_with(run, node_down), 0, self.diag(run))
+        self.assertEqual(run.run_while(node_down), 0, run.diag())
         ev = run.events()
         failures = of_type(ev, "failure_observed")
         self.assertEqual([f["kind"] for f in failures], ["node_lost"], failures)
@@ -220,8 +192,7 @@ class KubeBackendTest(unittest.TestCase):
         run = LiveRun(self, kube_spec(emu, total_steps=160, heartbeat_timeout="20s", hang_timeout="20s"))
 
         def chaos():
-            run.wait_for_master()
-            wait_for_step(run, 40)
+            run.wait_for_step(40)
             # The watches stall; a pod is OOMKilled; the history is compacted past it; the watches
             # are cut in the middle of the OOM frame. A resume from the last version gets an HTTP
             # 410: only a re-list can see the failure.
@@ -229,13 +200,13 @@ class KubeBackendTest(unittest.TestCase):
             emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 1)})
             emu.ok("POST", "/_emulator/compact", {"in_stream": False})
             emu.ok("POST", "/_emulator/cut-watches", {})
-            wait_for_step(run, 100)
+            run.wait_for_step(100)
             # Again with the 410 as an ERROR frame in a 200 stream, and nothing to miss this time.
             emu.ok("POST", "/_emulator/pause-watches", {})
             emu.ok("POST", "/_emulator/compact", {"in_stream": True})
             emu.ok("POST", "/_emulator/cut-watches", {})
 
-        self.assertEqual(self.run_with(run, chaos), 0, self.diag(run))
+        self.assertEqual(run.run_while(chaos), 0, run.diag())
         ev = run.events()
         self.assertEqual(decisions(ev), [("out_of_memory", "relaunch_with_more_memory", 1500)])
         self.assertEqual(len(emu.created()), 3, "exactly one relaunch")
@@ -246,7 +217,7 @@ class KubeBackendTest(unittest.TestCase):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160, backend={"image": "registry.example/does-not-exist:1"}))
         t0 = time.time()
-        self.assertEqual(self.run_with(run, timeout=120), 1, self.diag(run))
+        self.assertEqual(run.run_while(timeout=120), 1, run.diag())
         self.assertLess(time.time() - t0, 60)
         reason = of_type(run.events(), "job_finished")[-1]["reason"]
         self.assertTrue(reason.startswith("failed: container agent cannot start: Err"), reason)
@@ -261,7 +232,7 @@ class KubeBackendTest(unittest.TestCase):
         emu.ok("POST", "/_emulator/faults", {"count": 2, "code": 503, "method": "POST", "path": pods})
         emu.ok("POST", "/_emulator/faults", {"count": 2, "code": 500, "method": "GET", "path": "/api/v1/nodes"})
         run = LiveRun(self, kube_spec(emu, total_steps=60))
-        self.assertEqual(self.run_with(run), 0, self.diag(run))
+        self.assertEqual(run.run_while(), 0, run.diag())
         posts = [r for r in emu.ok("GET", "/_emulator/requests") if r["method"] == "POST" and r["path"] == pods]
         self.assertEqual(len(posts), 2 + 3, "two pods, after one 429 and two 503s")
         self.assertGreaterEqual(posts[1]["time"] - posts[0]["time"], 1.9, "Retry-After: 2 was honoured")
@@ -274,11 +245,10 @@ class KubeBackendTest(unittest.TestCase):
                       [{"fault": "kill-process", "slot": 1, "at_step": 40}])
 
         def oom():
-            run.wait_for_master()
-            wait_for_step(run, 100)
+            run.wait_for_step(100)
             emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 0)})
 
-        self.assertEqual(self.run_with(run, oom), 0, self.diag(run))
+        self.assertEqual(run.run_while(oom), 0, run.diag())
         live = decisions(run.events())
         self.assertEqual(live, [("software_error", "restart_process", 1000),
                                 ("out_of_memory", "relaunch_with_more_memory", 1500)])

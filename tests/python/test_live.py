@@ -12,7 +12,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
@@ -76,6 +75,35 @@ class LiveRun:
 
     def start(self):
         return subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def run_while(self, during=None, timeout=240):
+        """Runs the job, calling during() while it runs (to inject a fault); returns its exit code."""
+        proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if during:
+                during()
+            self.stdout, self.stderr = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                self.stdout, self.stderr = proc.communicate()
+        return proc.returncode
+
+    def wait_for_step(self, step, timeout=120):
+        self.wait_for_master()
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(self.url() + "/status", timeout=2) as r:
+                    if json.loads(r.read())["step"] >= step:
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"the job never reached step {step}")
+
+    def diag(self):
+        return f"\n--- stderr:\n{self.stderr[-3000:]}\n--- stdout:\n{self.stdout[-1500:]}"
 
     def events(self):
         out = subprocess.run([GOODPUT, "report", self.db, "--format", "events"], capture_output=True, text=True,

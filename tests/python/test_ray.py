@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_live import GOODPUT, ROOT, LiveRun, of_type, spec  # noqa: E402
+from test_live import ROOT, LiveRun, of_type, spec  # noqa: E402
 
 FIXTURES = os.environ.get("GOODPUT_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")) + "/ray"
 EMULATOR = os.path.join(ROOT, "tests", "emulators", "ray", "ray_emulator.py")
@@ -90,17 +90,6 @@ def ray_spec(emu, **over):
     return spec(job="raytest", backend=backend, **over)
 
 
-def wait_for_step(run, step, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
-                if json.loads(r.read())["step"] >= step:
-                    return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the job never reached step {step}")
 
 
 def decisions(events):
@@ -167,32 +156,16 @@ class RayEmulatorWireFormatTest(unittest.TestCase):
 
 
 class RayBackendTest(unittest.TestCase):
-    def diag(self, run):
-        return f"\n--- stderr:\n{run.stderr[-3000:]}\n--- stdout:\n{run.stdout[-1500:]}"
-
-    def run_with(self, run, during=None, timeout=240):
-        proc = subprocess.Popen(run.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            if during:
-                during()
-            run.stdout, run.stderr = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                run.stdout, run.stderr = proc.communicate()
-        return proc.returncode
-
     def test_a_job_failed_for_memory_is_resubmitted_with_more_memory(self):
         emu = Emulator(self)
         run = LiveRun(self, ray_spec(emu, total_steps=160))
 
         def oom():
-            run.wait_for_master()
-            wait_for_step(run, 40)
+            run.wait_for_step(40)
             job = emu.job_of("ray-1")
             self.assertEqual(emu.json("POST", "/_emulator/oom", {"submission_id": job["submission_id"]}), {"ok": True})
 
-        self.assertEqual(self.run_with(run, oom), 0, self.diag(run))
+        self.assertEqual(run.run_while(oom), 0, run.diag())
         ev = run.events()
         failures = of_type(ev, "failure_observed")
         self.assertEqual(len(failures), 1, failures)
@@ -218,12 +191,11 @@ class RayBackendTest(unittest.TestCase):
         dead = {}
 
         def kill_node():
-            run.wait_for_master()
-            wait_for_step(run, 50)
+            run.wait_for_step(50)
             dead["ip"] = emu.job_of("ray-0")["driver_info"]["node_ip_address"]
             emu.json("POST", "/_emulator/kill-node", {"node_ip": dead["ip"]})
 
-        self.assertEqual(self.run_with(run, kill_node), 0, self.diag(run))
+        self.assertEqual(run.run_while(kill_node), 0, run.diag())
         ev = run.events()
         failures = of_type(ev, "failure_observed")
         self.assertEqual([f["kind"] for f in failures], ["node_lost"], failures)
@@ -242,7 +214,7 @@ class RayBackendTest(unittest.TestCase):
         emu = Emulator(self)
         emu.json("POST", "/_emulator/hold", {"count": 1})  # the first node's job never gets a machine
         run = LiveRun(self, ray_spec(emu, total_steps=80, backend={"pending_timeout": "2s"}))
-        self.assertEqual(self.run_with(run), 0, self.diag(run))
+        self.assertEqual(run.run_while(), 0, run.diag())
         ev = run.events()
         # The agent that did start took slot 0; slot 1 waited for a machine.
         self.assertEqual(of_type(ev, "no_spare_node"), [{"slot": 1}])
@@ -258,7 +230,7 @@ class RayBackendTest(unittest.TestCase):
         emu = Emulator(self)
         run = LiveRun(self, ray_spec(emu, total_steps=80,
                                      backend={"pending_timeout": "500ms", "resources": {"goodput_node": 2}}))
-        self.assertEqual(self.run_with(run, timeout=120), 1, self.diag(run))
+        self.assertEqual(run.run_while(timeout=120), 1, run.diag())
         reason = of_type(run.events(), "job_finished")[-1]["reason"]
         self.assertTrue(reason.startswith("failed: nodes keep failing before they join"), reason)
         self.assertIn("no node has the resources", reason)
@@ -273,7 +245,7 @@ class RayBackendTest(unittest.TestCase):
         emu.json("POST", "/_emulator/faults", {"count": 2, "mode": "drop", "method": "GET", "path": "/api/v0/nodes"})
         run = LiveRun(self, ray_spec(emu, total_steps=80,
                                      backend={"headers": {"Authorization": "Bearer ray-secret"}}))
-        self.assertEqual(self.run_with(run), 0, self.diag(run))
+        self.assertEqual(run.run_while(), 0, run.diag())
         jobs = emu.jobs()
         self.assertEqual(sorted(j["metadata"]["goodput_node"] for j in jobs.values()), ["ray-0", "ray-1"])
         submits = emu.submits()
@@ -289,10 +261,10 @@ class RayBackendTest(unittest.TestCase):
     def test_local_and_ray_make_the_same_decisions_for_the_same_faults(self):
         faults = [{"fault": "kill-process", "slot": 1, "at_step": 40}, {"fault": "kill-node", "slot": 0, "at_step": 100}]
         local = LiveRun(self, spec(total_steps=160), faults)
-        self.assertEqual(local.run(), 0, self.diag(local))
+        self.assertEqual(local.run(), 0, local.diag())
         emu = Emulator(self)
         ray = LiveRun(self, ray_spec(emu, total_steps=160), faults)
-        self.assertEqual(ray.run(), 0, self.diag(ray))
+        self.assertEqual(ray.run(), 0, ray.diag())
         want = [("recovery", "software_error", "restart_process", 1000), ("recovery", "hardware_error", "relaunch_node", 1000)]
         got_local, got_ray = decisions(local.events()), decisions(ray.events())
         self.assertEqual([d for d in got_local if d[0] == "recovery"], want)

@@ -32,6 +32,7 @@ Images whose name contains "does-not-exist" never pull (ErrImagePull, then Image
 """
 
 import argparse
+import base64
 import copy
 import json
 import os
@@ -221,7 +222,7 @@ class Cluster:
                 env[e["name"]] = e["value"]
             elif "valueFrom" in e:
                 ref = e["valueFrom"]["secretKeyRef"]
-                import base64
+
                 env[e["name"]] = base64.b64decode(self.secrets[(ns, ref["name"])]["data"][ref["key"]]).decode()
         env["POD_NAME"] = pod["metadata"]["name"]
         workdir = os.path.join(self.state_dir, pod["metadata"]["name"])
