@@ -1,5 +1,8 @@
 // Flash checkpoints against real shared memory, real files and real processes killed with SIGKILL.
 #include <doctest/doctest.h>
+
+#include <atomic>
+#include <condition_variable>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -83,14 +86,34 @@ struct Cleanup {
   }
 };
 
-// Storage that fails writes once armed: a full disk, as far as the caller can tell.
+// Storage with faults the caller cannot tell from the real ones: a full disk, a file system that
+// turned read-only (as after an I/O error; root ignores file modes, so it is injected here), and a
+// storage path so slow that writes wait until the test lets them through.
 class FullDisk final : public Storage {
  public:
   std::shared_ptr<Storage> real = posix_storage();
-  bool full = false;
+  std::atomic<bool> full = false;
+  std::atomic<bool> read_only = false;
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool gate_closed = false;
+  int waiting = 0;  // writes held at the gate
   void write_atomic(const std::string& p, const std::vector<std::pair<const void*, size_t>>& parts) override {
     if (full) throw CheckpointError("write " + p + ".tmp: No space left on device");
+    if (read_only) throw CheckpointError("open " + p + ".tmp: Read-only file system");
+    {
+      std::unique_lock lock(gate_mu);
+      ++waiting;
+      gate_cv.notify_all();
+      gate_cv.wait(lock, [&] { return !gate_closed; });
+      --waiting;
+    }
     real->write_atomic(p, parts);
+  }
+  void open_gate() {
+    std::lock_guard lock(gate_mu);
+    gate_closed = false;
+    gate_cv.notify_all();
   }
   std::vector<uint8_t> read(const std::string& p) override { return real->read(p); }
   std::vector<std::string> list(const std::string& d) override { return real->list(d); }
@@ -260,6 +283,75 @@ TEST_CASE("a full disk during persist keeps the previous persisted checkpoint an
   REQUIRE(l);
   CHECK(l->manifest.step == 10);
   check_holds(*l, 10);
+}
+
+TEST_CASE("read-only storage during persist: reported, the persisted checkpoint kept, training goes on") {
+  TempDir dir("ckpt-ro");
+  auto disk = std::make_shared<FullDisk>();
+  Options o = opts("ro", dir);
+  o.storage = disk;
+  FlashCheckpoint c(o);
+  Cleanup clean{{&c}};
+  AsyncPersister persister(c);
+  c.save(10, State(10).views());
+  persister.request();
+  persister.drain();
+  disk->read_only = true;
+  for (int64_t step = 11; step <= 13; ++step) {
+    CHECK(c.save(step, State(step).views()).bytes > 0);
+    persister.request();
+  }
+  persister.drain();
+  CHECK(persister.last_error().find("Read-only file system") != std::string::npos);
+  CHECK(persister.persisted_step() == 10);
+  CHECK(c.complete_storage_steps() == std::vector<int64_t>{10});
+  // The newest step is still in memory for a process restart; storage has the older one.
+  auto from_memory = c.load();
+  REQUIRE(from_memory);
+  CHECK(from_memory->manifest.step == 13);
+  disk->read_only = false;  // remounted: the next persist catches up
+  persister.request();
+  persister.drain();
+  CHECK(persister.persisted_step() == 13);
+}
+
+TEST_CASE("slow storage: saves never wait for a persist, requests collapse, host memory stays bounded") {
+  TempDir dir("ckpt-slow");
+  auto disk = std::make_shared<FullDisk>();
+  Options o = opts("slow", dir);
+  o.storage = disk;
+  FlashCheckpoint c(o);
+  Cleanup clean{{&c}};
+  AsyncPersister persister(c);
+  auto shm_objects = [] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      n += e.path().filename().string().rfind(prefix("slow").substr(1), 0) == 0;
+    return n;
+  };
+  {
+    std::lock_guard lock(disk->gate_mu);
+    disk->gate_closed = true;  // every write now waits: a persist far slower than the save interval
+  }
+  c.save(1, State(1).views());
+  persister.request();
+  {
+    std::unique_lock lock(disk->gate_mu);
+    disk->gate_cv.wait(lock, [&] { return disk->waiting > 0; });  // the persist of step 1 is stuck in storage
+  }
+  int most = 0;
+  for (int64_t step = 2; step <= 40; ++step) {
+    c.save(step, State(step).views());  // would never return if a save waited for the persist
+    persister.request();
+    most = std::max(most, shm_objects());
+  }
+  CHECK(most > 0);
+  CHECK(most <= 2);  // two memory slots per rank, however far storage falls behind
+  disk->open_gate();
+  persister.drain();
+  CHECK(persister.persisted_step() == 40);
+  CHECK(persister.writes() <= 3);  // step 1, then the newest: the 38 requests in between collapsed
+  CHECK(c.complete_storage_steps().back() == 40);
 }
 
 TEST_CASE("persist on failure: the agent writes a dead trainer's memory checkpoint for a fresh process") {
