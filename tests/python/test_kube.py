@@ -8,9 +8,11 @@ status, a node going NotReady/Unknown with the fixture's conditions and taints, 
 middle of a frame, history compacted so a resume gets 410 Expired, an image that never pulls).
 The real kubectl is run against the emulator too, so it follows the protocol, not just our client."""
 
+import base64
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -28,15 +30,16 @@ NS = "training"
 
 
 class Emulator:
-    def __init__(self, test, nodes=3):
+    def __init__(self, test, nodes=3, tls_args=()):
         self.dir = tempfile.mkdtemp(prefix="goodput-kubeemu-")
         self.proc = subprocess.Popen([sys.executable, EMULATOR, "--fixtures", FIXTURES, "--state-dir", self.dir,
-                                      "--nodes", str(nodes)], stdout=subprocess.PIPE, text=True)
+                                      "--nodes", str(nodes), *tls_args], stdout=subprocess.PIPE, text=True)
         test.addCleanup(subprocess.run, ["rm", "-rf", self.dir])
         test.addCleanup(self.close)
         line = self.proc.stdout.readline()
         test.assertTrue(line.startswith("listening on "), line)
         self.url = line.split()[-1]
+        self.context = None
         self.kubeconfig = os.path.join(self.dir, "kubeconfig")
         with open(self.kubeconfig, "w") as f:
             f.write(f"apiVersion: v1\nkind: Config\nclusters:\n- name: emu\n  cluster:\n    server: {self.url}\n"
@@ -51,11 +54,11 @@ class Emulator:
             if name.startswith("goodput-kubetest-"):
                 os.unlink(os.path.join("/dev/shm", name))
 
-    def call(self, method, path, body=None):
+    def call(self, method, path, body=None, context=None):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=10, context=context or self.context) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
@@ -238,6 +241,44 @@ class KubeBackendTest(unittest.TestCase):
         self.assertGreaterEqual(posts[1]["time"] - posts[0]["time"], 1.9, "Retry-After: 2 was honoured")
         self.assertEqual(len({p["body"]["metadata"]["name"] for p in posts}), 2)
         self.assertEqual(of_type(run.events(), "job_finished")[-1]["reason"], "completed")
+
+    def test_https_with_a_client_certificate_from_the_kubeconfig(self):
+        tmp = tempfile.mkdtemp(prefix="goodput-kubetls-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", tmp])
+        def cert(name, cn, san=None):
+            args = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=" + cn,
+                    "-keyout", f"{tmp}/{name}.key", "-out", f"{tmp}/{name}.pem"]
+            subprocess.run(args + (["-addext", "subjectAltName=" + san] if san else []), check=True, capture_output=True)
+            with open(f"{tmp}/{name}.pem", "rb") as c, open(f"{tmp}/{name}.key", "rb") as k:
+                return base64.b64encode(c.read()).decode(), base64.b64encode(k.read()).decode()
+        server_pem, _ = cert("server", "127.0.0.1", "IP:127.0.0.1")
+        client_pem, client_key = cert("client", "goodput-master")
+        other_pem, _ = cert("other", "127.0.0.1", "IP:127.0.0.1")
+        emu = Emulator(self, tls_args=["--tls-cert", f"{tmp}/server.pem", "--tls-key", f"{tmp}/server.key",
+                                       "--client-ca", f"{tmp}/client.pem"])
+        self.assertTrue(emu.url.startswith("https://"), emu.url)
+        emu.context = ssl.create_default_context(cafile=f"{tmp}/server.pem")
+        emu.context.load_cert_chain(f"{tmp}/client.pem", f"{tmp}/client.key")
+
+        def kubeconfig(ca):
+            path = os.path.join(tmp, f"kubeconfig-{len(os.listdir(tmp))}")
+            with open(path, "w") as f:
+                f.write(f"apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n"
+                        f"    server: {emu.url}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n"
+                        f"    client-certificate-data: {client_pem}\n    client-key-data: {client_key}\n"
+                        f"contexts:\n- name: c\n  context: {{cluster: k, user: u, namespace: {NS}}}\n")
+            return path
+
+        run = LiveRun(self, kube_spec(emu, total_steps=60, backend={"kubeconfig": kubeconfig(server_pem)}))
+        self.assertEqual(run.run_while(), 0, run.diag())
+        self.assertEqual(of_type(run.events(), "job_finished")[-1]["reason"], "completed")
+        requests = emu.ok("GET", "/_emulator/requests")
+        self.assertTrue(any(r["query"].get("watch") == "true" for r in requests), "the watches ran over TLS")
+        self.assertTrue(all(r["authorization"] is None for r in requests), "authenticated by the certificate")
+        # An API server whose certificate the kubeconfig's CA does not vouch for is refused.
+        bad = LiveRun(self, kube_spec(emu, total_steps=60, backend={"kubeconfig": kubeconfig(other_pem)}))
+        self.assertEqual(bad.run_while(timeout=120), 1, bad.diag())
+        self.assertIn("no answer from the API server at " + emu.url, bad.stderr)
 
     def test_a_replay_of_the_emulated_run_makes_the_same_decisions(self):
         emu = Emulator(self)

@@ -37,6 +37,7 @@ import copy
 import json
 import os
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -483,7 +484,7 @@ class Handler(BaseHTTPRequestHandler):
                     chunk(frame("BOOKMARK", {"kind": "Pod" if resource == "pods" else "Node", "apiVersion": "v1",
                                              "metadata": {"resourceVersion": str(sent)}}))
             chunk(b"")
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client went away (a broken pipe, a reset, a TLS close without notify)
             self.close_connection = True
 
     def control(self, method, what, body):
@@ -530,11 +531,23 @@ def main():
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key)")
+    ap.add_argument("--tls-key")
+    ap.add_argument("--client-ca", help="with --tls-cert: require client certificates this PEM vouches for")
     a = ap.parse_args()
     os.makedirs(a.state_dir, exist_ok=True)
     Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes)
     server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
     server.daemon_threads = True
+    scheme = "http"
+    if a.tls_cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(a.tls_cert, a.tls_key)
+        if a.client_ca:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(a.client_ca)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
 
     def stop(*_):
         with Handler.cluster.lock:
@@ -544,7 +557,7 @@ def main():
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
+    print(f"listening on {scheme}://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
 
