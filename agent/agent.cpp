@@ -263,7 +263,9 @@ class Agent {
   bool register_node() {
     for (int attempt = 0;; ++attempt) {
       int status = 0;
-      auto r = call("/v1/register", json{{"name", o_.name}, {"host", o_.host}, {"pid", ::getpid()}}, &status);
+      json body{{"name", o_.name}, {"host", o_.host}, {"pid", ::getpid()}};
+      if (o_.slot >= 0) body["slot"] = o_.slot;
+      auto r = call("/v1/register", body, &status);
       if (r && status == 200) {
         node_ = r->value("node", -1);
         interval_ = std::chrono::milliseconds(r->value("heartbeat_interval_ms", 250));

@@ -16,6 +16,7 @@ struct AgentOptions {
   std::string host = "127.0.0.1";
   std::string work_dir;        // trainer logs, progress and error files
   int32_t memory_permille = 1000;  // scales the job's memory limit (relaunch with more memory)
+  int32_t slot = -1;               // the rank slot this node was launched for; -1: any
   int master_timeout_s = 300;      // no master this long: stop the trainer, free its memory, exit
 };
 

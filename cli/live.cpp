@@ -360,6 +360,8 @@ void add_live_commands(CLI::App& app, int& rc) {
   ag->add_option("--name", ao.name, "This node's name, unique in the job")->required();
   ag->add_option("--host", ao.host, "Address other ranks reach this node at")->capture_default_str();
   ag->add_option("--work-dir", ao.work_dir, "Trainer logs and progress files (default ./goodput-agent-NAME)");
+  ag->add_option("--slot", ao.slot, "The rank slot this node was launched for (taken if still vacant)")
+      ->check(CLI::Range(-1, 4095));
   ag->add_option("--memory-permille", ao.memory_permille, "Scale of the job's memory limit on this node")
       ->check(CLI::Range(1, 1'000'000));
   ag->add_option("--master-timeout", ao.master_timeout_s,

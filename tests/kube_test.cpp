@@ -141,15 +141,18 @@ TEST_CASE("the pod a launch creates: labels, memory scaled after an OOM, bad nod
   o.token = "secret-token";
   o.job = "Llama_3";
   o.run = "Llama_3-1700000000";
-  const json pod = kube::KubeNodes::manifest_for(o, "llama-3-1700000000-worker-3", 1500, {"node-b"});
+  const json pod = kube::KubeNodes::manifest_for(o, "llama-3-1700000000-worker-3", 2, 1500, {"node-b"});
   CHECK(pod["metadata"]["labels"]["goodput/job"] == "llama-3");
   CHECK(pod["metadata"]["labels"]["goodput/replica-type"] == "worker");
   CHECK(pod["metadata"]["labels"]["goodput/launch"] == "3");
+  CHECK(pod["metadata"]["labels"]["goodput/rank"] == "2");
   const json& c = pod["spec"]["containers"][0];
   CHECK(c["resources"]["limits"]["memory"] == "1536Mi");
   CHECK(c["resources"]["limits"]["nvidia.com/gpu"] == "8");
   CHECK(c["command"] == json::array({"goodput", "agent", "--master", "http://master:8000", "--name",
-                                     "llama-3-1700000000-worker-3", "--memory-permille", "1500"}));
+                                     "llama-3-1700000000-worker-3", "--memory-permille", "1500", "--slot", "2", "--host",
+                                     "$(POD_IP)"}));
+  CHECK(c["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP");
   CHECK(c["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "llama-3-1700000000-token");
   CHECK(pod.dump().find("secret-token") == std::string::npos);
   CHECK(pod["spec"]["nodeSelector"]["pool"] == "h100");

@@ -155,16 +155,18 @@ std::string KubeNodes::pod_name(int n) const {
   return dns_label(o_.run) + "-" + o_.spec.replica_type + "-" + std::to_string(n);
 }
 
-json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name, int32_t memory_permille,
-                             const std::set<std::string>& avoid) {
+json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name, int32_t slot,
+                             int32_t memory_permille, const std::set<std::string>& avoid) {
   const live::KubeBackendSpec& s = o_.spec;
   json container = {{"name", "agent"},
                     {"image", s.image},
+                    // $(POD_IP) is expanded by the kubelet: other ranks reach this pod at its own IP.
                     {"command", {s.agent, "agent", "--master", o_.master_url, "--name", name, "--memory-permille",
-                                 std::to_string(memory_permille)}},
+                                 std::to_string(memory_permille), "--slot", std::to_string(slot), "--host", "$(POD_IP)"}},
                     {"env", json::array({{{"name", "GOODPUT_TOKEN"},
                                           {"valueFrom", {{"secretKeyRef", {{"name", dns_label(o_.run) + "-token"},
-                                                                           {"key", "token"}}}}}}})}};
+                                                                           {"key", "token"}}}}}},
+                                         {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}})}};
   if (!s.working_dir.empty()) container["workingDir"] = s.working_dir;
   if (!s.volume_mounts.empty()) container["volumeMounts"] = s.volume_mounts;
   if (!s.image_pull_policy.empty()) container["imagePullPolicy"] = s.image_pull_policy;
@@ -199,16 +201,17 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
               {"goodput/run", dns_label(o_.run)},
               {"goodput/replica-type", s.replica_type},
               {"goodput/launch", name.substr(dash + 1)},
+              {"goodput/rank", std::to_string(slot)},
               {"goodput/memory-permille", std::to_string(memory_permille)}}}}},
           {"spec", spec}};
 }
 
-void KubeNodes::launch(int32_t memory_permille) {
+void KubeNodes::launch(int32_t slot, int32_t memory_permille) {
   {
     std::lock_guard lock(mu_);
     const std::string name = pod_name(counter_++);
     pods_[name];
-    queue_.push_back({Command::Create, name, memory_permille});
+    queue_.push_back({Command::Create, name, memory_permille, slot});
   }
   cv_.notify_all();
 }
@@ -219,7 +222,7 @@ void KubeNodes::terminate(const std::string& name) {
     auto it = pods_.find(name);
     if (it == pods_.end()) return;
     it->second.deleting = true;
-    queue_.push_back({Command::Delete, name, 0});
+    queue_.push_back({Command::Delete, name, 0, -1});
   }
   cv_.notify_all();
 }
@@ -241,7 +244,7 @@ void KubeNodes::shut_down(int timeout_ms) {
   for (auto& [name, p] : pods_)
     if (!p.deleting) {
       p.deleting = true;
-      queue_.push_back({Command::Delete, name, 0});
+      queue_.push_back({Command::Delete, name, 0, -1});
     }
   cv_.notify_all();
   cv_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(10), [&] { return queue_.empty(); });
@@ -334,7 +337,7 @@ void KubeNodes::commands() {
     bool done = true;
     try {
       if (c.kind == Command::Create) {
-        client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(o_, c.name, c.memory_permille, avoid));
+        client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(o_, c.name, c.slot, c.memory_permille, avoid));
       } else {
         client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/pods/" + c.name);
       }

@@ -57,14 +57,14 @@ class KubeNodes final : public live::NodeProvider {
   explicit KubeNodes(KubeNodesOptions options);
   ~KubeNodes() override;
 
-  void launch(int32_t memory_permille) override;
+  void launch(int32_t slot, int32_t memory_permille) override;
   void terminate(const std::string& name) override;
   std::vector<live::LostNode> lost() override;
   void shut_down(int timeout_ms) override;
 
   // The pod a launch makes: its name, memory, the nodes it must keep off.
-  static nlohmann::json manifest_for(const KubeNodesOptions& o, const std::string& name, int32_t memory_permille,
-                                     const std::set<std::string>& avoid);
+  static nlohmann::json manifest_for(const KubeNodesOptions& o, const std::string& name, int32_t slot,
+                                     int32_t memory_permille, const std::set<std::string>& avoid);
 
  private:
   struct Pod {
@@ -77,6 +77,7 @@ class KubeNodes final : public live::NodeProvider {
     enum { Create, Delete } kind;
     std::string name;
     int32_t memory_permille = 1000;
+    int32_t slot = -1;
   };
 
   void commands();

@@ -106,7 +106,7 @@ LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, con
   } else {
     master_.observe(spec_.job_started());
     if (provider_)
-      for (int32_t i = 0; i < spec_.nodes; ++i) provider_->launch(1000);
+      for (int32_t i = 0; i < spec_.nodes; ++i) provider_->launch(i, 1000);
   }
 }
 
@@ -174,7 +174,7 @@ void LiveMaster::execute(const Event& d) {
     if (provider_) {
       provider_->terminate(n.name);
       // The slot it held (append already vacated it) gets a fresh machine, with that slot's memory.
-      provider_->launch(n.former_slot >= 0 ? slot_memory_[n.former_slot] : 1000);
+      provider_->launch(n.former_slot, n.former_slot >= 0 ? slot_memory_[n.former_slot] : 1000);
     }
   }
 }
@@ -254,11 +254,14 @@ HttpResponse LiveMaster::on_register(const json& b) {
   n.last_heartbeat = clock_.now();
   const NodeId id = n.id;
   nodes_[id] = n;
-  for (int32_t s = 0; s < world_; ++s)
-    if (slots_[s] < 0) {
-      observe(NodeJoined{id, s, name});  // append() records the slot
-      break;
-    }
+  // The slot it was launched for if that is still vacant (so a pod labelled rank 3 is rank 3),
+  // else the first vacant one.
+  const int64_t wanted = field_or<int64_t>(b, "slot", -1);
+  std::optional<int32_t> slot;
+  if (wanted >= 0 && wanted < world_ && slots_[wanted] < 0) slot = static_cast<int32_t>(wanted);
+  for (int32_t s = 0; s < world_ && !slot; ++s)
+    if (slots_[s] < 0) slot = s;
+  if (slot) observe(NodeJoined{id, *slot, name});  // append() records the slot
   return reply(200, assignment(nodes_[id]));
 }
 
@@ -275,7 +278,8 @@ json LiveMaster::assignment(const Node& n) const {
     out["restart"] = restart_.restart;
     out["rank"] = n.slot;
     out["world_size"] = restart_.world_size;
-    out["master_addr"] = "127.0.0.1";
+    // torch.distributed's store runs on rank 0: its host, as its agent reported it.
+    out["master_addr"] = slots_[0] >= 0 ? nodes_.at(slots_[0]).host : std::string("127.0.0.1");
     out["master_port"] = rdzv_port_;
     out["restore_step"] = restart_.restore_step;
     out["restore_tier"] = std::string(to_string(restart_.restore_tier));
@@ -435,7 +439,7 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
       observe(NoSpareNode{s});
       break;
     }
-  provider_->launch(slot_memory_[*vacant]);
+  provider_->launch(*vacant, slot_memory_[*vacant]);
 }
 
 void LiveMaster::advance() {

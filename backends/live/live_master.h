@@ -40,8 +40,9 @@ struct LostNode {
 class NodeProvider {
  public:
   virtual ~NodeProvider() = default;
-  // Start a fresh node that will register itself; memory_permille scales its memory limit.
-  virtual void launch(int32_t memory_permille) = 0;
+  // Start a fresh node that will register itself for `slot` (the rank it is meant to take; it
+  // takes another vacant one if that is taken by then); memory_permille scales its memory limit.
+  virtual void launch(int32_t slot, int32_t memory_permille) = 0;
   // The node is out of the job: stop it for good (its host memory goes with it).
   virtual void terminate(const std::string& name) = 0;
   // Nodes the provider saw die since the last call (process gone, Ray job failed, machine dead).

@@ -40,12 +40,13 @@ LocalNodes::~LocalNodes() {
   }
 }
 
-void LocalNodes::launch(int32_t memory_permille) {
+void LocalNodes::launch(int32_t slot, int32_t memory_permille) {
   const std::string name = "local-" + std::to_string(counter_++);
   const std::string dir = o_.run_dir + "/nodes/" + name;
   fs::create_directories(dir);
   std::vector<std::string> args = {o_.agent_binary, "agent",           "--master", o_.master_url, "--name", name,
-                                   "--work-dir",    dir,               "--memory-permille", std::to_string(memory_permille)};
+                                   "--work-dir",    dir,               "--memory-permille", std::to_string(memory_permille),
+                                   "--slot",        std::to_string(slot)};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e)
     if (std::strncmp(*e, "GOODPUT_TOKEN=", 14) != 0) env.emplace_back(*e);

@@ -26,7 +26,7 @@ class LocalNodes final : public live::NodeProvider {
   explicit LocalNodes(LocalNodesOptions options);
   ~LocalNodes() override;  // kills what is left
 
-  void launch(int32_t memory_permille) override;
+  void launch(int32_t slot, int32_t memory_permille) override;
   void terminate(const std::string& name) override;
   std::vector<live::LostNode> lost() override;
   void shut_down(int timeout_ms) override;

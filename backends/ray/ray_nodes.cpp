@@ -42,10 +42,10 @@ std::string RayNodes::submission_id(const std::string& name) const {
   return id;
 }
 
-void RayNodes::launch(int32_t memory_permille) {
+void RayNodes::launch(int32_t slot, int32_t memory_permille) {
   {
     std::lock_guard lock(mu_);
-    queue_.push_back({Command::Submit, "", memory_permille});
+    queue_.push_back({Command::Submit, "", memory_permille, slot});
   }
   cv_.notify_all();
 }
@@ -56,7 +56,7 @@ void RayNodes::terminate(const std::string& name) {
     auto it = nodes_.find(name);
     if (it == nodes_.end()) return;
     it->second.stopping = true;
-    queue_.push_back({Command::Stop, name, 0});
+    queue_.push_back({Command::Stop, name, 0, -1});
   }
   cv_.notify_all();
 }
@@ -80,7 +80,7 @@ void RayNodes::shut_down(int timeout_ms) {
     for (auto& [name, t] : nodes_)
       if (!t.ended && !t.stopping) {
         t.stopping = true;
-        queue_.push_back({Command::Stop, name, 0});
+        queue_.push_back({Command::Stop, name, 0, -1});
       }
     cv_.notify_all();
     // Let the worker carry out the stops (bounded: a dashboard that is gone cannot be helped).
@@ -97,12 +97,13 @@ SubmitRequest RayNodes::request_for(const Tracked& t) const {
   r.submission_id = submission_id(t.name);
   if (!s.working_dir.empty()) r.entrypoint = "cd " + shell_quote(s.working_dir) + " && ";
   r.entrypoint += "exec " + shell_quote(o_.agent_binary) + " agent --master " + shell_quote(o_.master_url) + " --name " +
-                 shell_quote(t.name) + " --memory-permille " + std::to_string(t.memory_permille);
+                 shell_quote(t.name) + " --memory-permille " + std::to_string(t.memory_permille) + " --slot " +
+                 std::to_string(t.slot);
   if (!s.agent_host.empty()) r.entrypoint += " --host " + shell_quote(s.agent_host);
   // The token travels in the job's environment, never in its command line.
   r.env_vars["GOODPUT_TOKEN"] = o_.token;
   if (const char* ca = std::getenv("GOODPUT_CA_FILE"); ca && *ca) r.env_vars["GOODPUT_CA_FILE"] = ca;
-  r.metadata = {{"goodput_run", o_.run}, {"goodput_node", t.name}};
+  r.metadata = {{"goodput_run", o_.run}, {"goodput_node", t.name}, {"goodput_rank", std::to_string(t.slot)}};
   r.num_cpus = s.num_cpus;
   r.num_gpus = s.num_gpus;
   r.memory_bytes = static_cast<int64_t>(std::llround(static_cast<double>(s.memory_mb) * (1 << 20) * t.memory_permille / 1000.0));
@@ -215,7 +216,7 @@ void RayNodes::poll() {
       if (d != dead.end()) {
         const RayNode& n = *d->second;
         report(t, "Ray node " + n.node_ip + " (" + n.node_id.substr(0, 12) + ") is DEAD: " + n.state_message);
-        if (!j.terminal()) queue_.push_back({Command::Stop, name, 0});
+        if (!j.terminal()) queue_.push_back({Command::Stop, name, 0, -1});
       } else if (j.status == "FAILED") {
         failed.push_back(name);
       } else if (j.terminal()) {
@@ -223,7 +224,7 @@ void RayNodes::poll() {
       } else if (j.status == "PENDING" && now - t.pending_since > std::chrono::nanoseconds(o_.spec.pending_timeout)) {
         report(t, "Ray job " + j.submission_id + " still PENDING after " + seconds(now - t.pending_since) +
                       ": no node has the resources it asks for");
-        queue_.push_back({Command::Stop, name, 0});
+        queue_.push_back({Command::Stop, name, 0, -1});
       }
     }
   }
@@ -286,6 +287,7 @@ void RayNodes::work() {
           Tracked& t = nodes_[c->name];
           t.name = c->name;
           t.memory_permille = c->memory_permille;
+          t.slot = c->slot;
         }
       }
     }

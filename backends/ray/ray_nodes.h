@@ -42,7 +42,7 @@ class RayNodes final : public live::NodeProvider {
   explicit RayNodes(RayNodesOptions options);
   ~RayNodes() override;
 
-  void launch(int32_t memory_permille) override;
+  void launch(int32_t slot, int32_t memory_permille) override;
   void terminate(const std::string& name) override;
   std::vector<live::LostNode> lost() override;
   void shut_down(int timeout_ms) override;
@@ -54,6 +54,7 @@ class RayNodes final : public live::NodeProvider {
   struct Tracked {
     std::string name;
     int32_t memory_permille = 1000;
+    int32_t slot = -1;
     bool submitted = false;
     bool stopping = false;  // terminated by the master: its end is not a loss
     bool ended = false;
@@ -64,6 +65,7 @@ class RayNodes final : public live::NodeProvider {
     enum { Submit, Stop } kind;
     std::string name;  // Stop: the node; Submit: named when it is carried out
     int32_t memory_permille = 1000;
+    int32_t slot = -1;
   };
 
   void loop();

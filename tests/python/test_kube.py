@@ -163,6 +163,10 @@ class KubeBackendTest(unittest.TestCase):
             self.assertNotIn(run.token(), json.dumps(c))
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
         self.assertEqual(emu.pods(), {}, "the job's pods are deleted when it ends")
+        # A pod labelled rank r took slot r, the replacement included.
+        rank = {c["metadata"]["name"]: int(c["metadata"]["labels"]["goodput/rank"]) for c in created}
+        self.assertEqual({j["name"]: j["slot"] for j in of_type(ev, "node_joined")}, rank)
+        self.assertEqual(list(rank.values()), [0, 1, 1])
 
     def test_a_node_going_not_ready_loses_its_pods_to_other_nodes(self):
         emu = Emulator(self)

@@ -215,8 +215,9 @@ class LiveTest(unittest.TestCase):
         self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
                          [("hardware_error", "relaunch_node")])
         joined = of_type(ev, "node_joined")
-        self.assertEqual([j["slot"] for j in joined], [0, 1, 0])
-        self.assertNotEqual(joined[2]["name"], joined[0]["name"], "a fresh node identity")
+        # Each node takes the slot it was launched for, whichever registers first; the replacement
+        # is a fresh node identity.
+        self.assertEqual({j["name"]: j["slot"] for j in joined}, {"local-0": 0, "local-1": 1, "local-2": 0})
         loaded = of_type(ev, "checkpoint_loaded")[1]
         self.assertEqual(loaded["tier"], "storage", "the new node has no host memory of the old one")
         self.assertEqual(of_type(ev, "processes_started")[-1]["world_size"], 2, "world size restored")
@@ -229,7 +230,12 @@ class LiveTest(unittest.TestCase):
         self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
         finals = [r for recs in run.progress().values() for r in recs if r.get("event") == "done"]
         self.assertEqual({r["samples"] for r in finals}, {320 * 64}, finals)
-        self.assertGreater(assigned, 320, "the failure made some shards go round twice")
+        # Shards handed out after the restored checkpoint go round again (none when the node died
+        # right after a checkpoint it had persisted: the trainers then restore that one).
+        loaded = of_type(ev, "checkpoint_loaded")[1]["step"]
+        self.assertGreaterEqual(assigned, 320)
+        if loaded <= 40:  # the fault lands at step 70 or later
+            self.assertGreater(assigned, 320, "the failure made some shards go round twice")
 
     def test_oom_relaunches_with_more_memory_and_a_hang_is_detected(self):
         run = LiveRun(self, spec(total_steps=200, command=spec()["command"] + ["--oom-mb", "64"]),

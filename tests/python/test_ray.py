@@ -206,7 +206,7 @@ class RayBackendTest(unittest.TestCase):
         replacement = emu.job_of("ray-2")
         self.assertNotEqual(replacement["driver_info"]["node_ip_address"], dead["ip"])
         self.assertEqual(replacement["status"], "SUCCEEDED")
-        self.assertEqual([j["slot"] for j in of_type(ev, "node_joined")], [0, 1, 0])
+        self.assertEqual({j["name"]: j["slot"] for j in of_type(ev, "node_joined")}, {"ray-0": 0, "ray-1": 1, "ray-2": 0})
         self.assertEqual(of_type(ev, "checkpoint_loaded")[1]["tier"], "storage", "the dead node took its memory")
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
@@ -216,8 +216,10 @@ class RayBackendTest(unittest.TestCase):
         run = LiveRun(self, ray_spec(emu, total_steps=80, backend={"pending_timeout": "2s"}))
         self.assertEqual(run.run_while(), 0, run.diag())
         ev = run.events()
-        # The agent that did start took slot 0; slot 1 waited for a machine.
-        self.assertEqual(of_type(ev, "no_spare_node"), [{"slot": 1}])
+        # The held job was launched for slot 0: that slot waited for a machine, and the node that
+        # did start took the slot it was launched for.
+        self.assertEqual(of_type(ev, "no_spare_node"), [{"slot": 0}])
+        self.assertEqual({j["name"]: j["slot"] for j in of_type(ev, "node_joined")}, {"ray-1": 1, "ray-2": 0})
         jobs = emu.jobs()
         held = emu.job_of("ray-0")
         self.assertEqual(held["status"], "STOPPED")

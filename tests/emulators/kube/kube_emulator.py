@@ -36,6 +36,7 @@ import base64
 import copy
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -221,15 +222,19 @@ class Cluster:
         for e in c.get("env", []):
             if "value" in e:
                 env[e["name"]] = e["value"]
-            elif "valueFrom" in e:
+            elif "secretKeyRef" in e.get("valueFrom", {}):
                 ref = e["valueFrom"]["secretKeyRef"]
-
                 env[e["name"]] = base64.b64decode(self.secrets[(ns, ref["name"])]["data"][ref["key"]]).decode()
+            elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
+                env[e["name"]] = "127.0.0.1"  # every emulated pod really runs on this machine
+        # The kubelet expands $(VAR) in command and args from the container's environment.
+        argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+                for a in list(c.get("command", [])) + list(c.get("args", []))]
         env["POD_NAME"] = pod["metadata"]["name"]
         workdir = os.path.join(self.state_dir, pod["metadata"]["name"])
         os.makedirs(workdir, exist_ok=True)
         log = open(os.path.join(workdir, "container.log"), "ab")
-        proc = subprocess.Popen(list(c.get("command", [])) + list(c.get("args", [])), cwd=workdir, env=env,
+        proc = subprocess.Popen(argv, cwd=workdir, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         name = pod["metadata"]["name"]
