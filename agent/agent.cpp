@@ -263,7 +263,8 @@ class Agent {
   bool register_node() {
     for (int attempt = 0;; ++attempt) {
       int status = 0;
-      json body{{"name", o_.name}, {"host", o_.host}, {"pid", ::getpid()}};
+      json body{{"name", o_.name}, {"pid", ::getpid()}};
+      if (!o_.host.empty()) body["host"] = o_.host;
       if (o_.slot >= 0) body["slot"] = o_.slot;
       auto r = call("/v1/register", body, &status);
       if (r && status == 200) {

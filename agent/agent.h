@@ -13,7 +13,7 @@ struct AgentOptions {
   std::string master_url;      // http://host:port
   std::string token;           // bearer token (from GOODPUT_TOKEN, never argv)
   std::string name;            // unique node name
-  std::string host = "127.0.0.1";
+  std::string host;            // the address other ranks reach it at; empty: the one the master sees
   std::string work_dir;        // trainer logs, progress and error files
   int32_t memory_permille = 1000;  // scales the job's memory limit (relaunch with more memory)
   int32_t slot = -1;               // the rank slot this node was launched for; -1: any

@@ -358,7 +358,7 @@ void add_live_commands(CLI::App& app, int& rc) {
                                          "an https:// master is verified against GOODPUT_CA_FILE)");
   ag->add_option("--master", ao.master_url, "Master URL, http://host:port")->required();
   ag->add_option("--name", ao.name, "This node's name, unique in the job")->required();
-  ag->add_option("--host", ao.host, "Address other ranks reach this node at")->capture_default_str();
+  ag->add_option("--host", ao.host, "Address other ranks reach this node at (default: the one the master sees)");
   ag->add_option("--work-dir", ao.work_dir, "Trainer logs and progress files (default ./goodput-agent-NAME)");
   ag->add_option("--slot", ao.slot, "The rank slot this node was launched for (taken if still vacant)")
       ->check(CLI::Range(-1, 4095));

@@ -76,6 +76,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     r.target = std::string(req.target());
     if (auto it = req.find(http::field::authorization); it != req.end()) r.authorization = std::string(it->value());
     r.body = req.body();
+    beast::error_code peer_ec;
+    const auto peer = lowest(stream_).socket().remote_endpoint(peer_ec);
+    if (!peer_ec) r.peer_address = peer.address().to_string();
     HttpResponse out;
     try {
       out = handler_(r);

@@ -21,6 +21,7 @@ struct HttpRequest {
   std::string target;  // path and query
   std::string authorization;
   std::string body;
+  std::string peer_address = {};  // the client's IP as this server sees it
 };
 
 struct HttpResponse {

@@ -228,7 +228,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
   if (!body.is_object()) return error(400, "body must be a JSON object");
   try {
     HttpResponse r;
-    if (path == "/v1/register") r = on_register(body);
+    if (path == "/v1/register") r = on_register(body, req.peer_address);
     else if (path == "/v1/heartbeat" || path == "/v1/exit") r = on_heartbeat(body);
     else if (path == "/v1/shards/next") r = on_shards_next(body);
     else if (path == "/v1/shards/complete") r = on_shards_complete(body);
@@ -241,7 +241,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
   }
 }
 
-HttpResponse LiveMaster::on_register(const json& b) {
+HttpResponse LiveMaster::on_register(const json& b, const std::string& peer_address) {
   const std::string name = field<std::string>(b, "name");
   if (name.empty() || name.size() > 253) throw BadRequest("field 'name' must be 1 to 253 characters");
   if (finished()) return reply(200, json{{"action", "exit"}});
@@ -250,7 +250,10 @@ HttpResponse LiveMaster::on_register(const json& b) {
   Node n;
   n.id = next_node_++;
   n.name = name;
-  n.host = field_or<std::string>(b, "host", "127.0.0.1");
+  // The address other ranks reach it at: what the agent says, else where its request came from
+  // (a pod's or a Ray node's own IP; 127.0.0.1 for local nodes).
+  n.host = field_or<std::string>(b, "host", "");
+  if (n.host.empty()) n.host = peer_address.empty() ? "127.0.0.1" : peer_address;
   n.last_heartbeat = clock_.now();
   const NodeId id = n.id;
   nodes_[id] = n;
@@ -640,6 +643,7 @@ nlohmann::ordered_json LiveMaster::status() const {
     if (n.gone) continue;
     nodes.push_back({{"node", id},
                      {"name", n.name},
+                     {"host", n.host},
                      {"slot", n.slot},
                      {"heartbeat_age_s", static_cast<double>(now - n.last_heartbeat) / kSecond},
                      {"trainer", {{"restart", n.trainer.restart}, {"phase", n.trainer.phase}, {"pid", n.trainer.pid},

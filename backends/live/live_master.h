@@ -130,7 +130,7 @@ class LiveMaster final : public Backend, public EventSink {
     std::vector<std::string> inject;  // faults to hand to the agent with the next heartbeat
   };
 
-  HttpResponse on_register(const nlohmann::json& body);
+  HttpResponse on_register(const nlohmann::json& body, const std::string& peer_address);
   HttpResponse on_heartbeat(const nlohmann::json& body);
   HttpResponse on_shards_next(const nlohmann::json& body);
   HttpResponse on_shards_complete(const nlohmann::json& body);

@@ -347,9 +347,14 @@ class LiveTest(unittest.TestCase):
             self.assertEqual((code, body["error"]), (400, "field 'name' has the wrong type"))
             code, body = post("/v1/register", b'{"name":"n0"}', run.token())
             self.assertEqual((code, body["slot"]), (200, 0))
+            # A node that names no host is reached where its request came from; one that does, there.
+            self.assertEqual(post("/v1/register", b'{"name":"n1","host":"10.1.2.3","slot":1}', run.token())[1]["slot"], 1)
+            with urllib.request.urlopen(url + "/status", timeout=5) as r:
+                hosts = {n["name"]: n["host"] for n in json.loads(r.read())["nodes"]}
+            self.assertEqual(hosts, {"n0": "127.0.0.1", "n1": "10.1.2.3"})
             with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
                 metrics = r.read().decode()
-            self.assertIn('goodput_nodes{state="not_training"} 1', metrics)
+            self.assertIn('goodput_nodes{state="not_training"} 2', metrics)
             self.assertIn("goodput_ratio ", metrics)
             self.assertIn("goodput_api_unauthorized_total 2", metrics)
             # A client that sends half a request and stalls (slowloris) holds only its own connection.
