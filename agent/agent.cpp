@@ -213,26 +213,18 @@ class Agent {
     while (true) {
       if (g_terminate) {
         log(o_.name, "terminated (SIGTERM)");
-        shutdown();
-        persister_.remove_memory();
-        return 0;
+        return leave(0);
       }
       bool urgent = reap();
       urgent |= read_progress();
       if (urgent || Steady::now() >= next_beat) {
         const auto r = beat();
         next_beat = Steady::now() + interval_;
-        if (r == Beat::Exit) {
-          shutdown();
-          persister_.remove_memory();  // the job is over, or this node is out of it
-          return 0;
-        }
+        if (r == Beat::Exit) return leave(0);  // the job is over, or this node is out of it
         if (r != Beat::Unreachable) last_contact_ = Steady::now();
         if (ms_since(last_contact_) > o_.master_timeout_s * 1000) {
           log(o_.name, "no master for " + std::to_string(o_.master_timeout_s) + " s: giving up");
-          shutdown();
-          persister_.remove_memory();  // nobody will restore from this node's memory now
-          return 1;
+          return leave(1);
         }
         if (r == Beat::Unknown && !register_node()) return 1;
       }
@@ -561,15 +553,18 @@ class Agent {
     return ev != "step";
   }
 
-  int shutdown() {
+  // Stops the trainer, lets a running persist finish, and frees this node's host memory: nobody
+  // restores from it once its agent is gone.
+  int leave(int rc) {
     if (t_.running()) {
       ::kill(-t_.pid, SIGTERM);
       for (int i = 0; i < 100 && !reap(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       stop_trainer();
     }
     persister_.drain();
-    log(o_.name, "job over; leaving");
-    return 0;
+    persister_.remove_memory();
+    log(o_.name, "leaving");
+    return rc;
   }
 
   AgentOptions o_;

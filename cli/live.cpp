@@ -184,6 +184,13 @@ int serve(ServeOptions o) {
     ::setenv("GOODPUT_CA_FILE", fs::absolute(o.tls.cert_file).c_str(), 1);
   write_private((run_dir / "master.url").string(), url + "\n");
 
+  // The URL remote nodes reach the master at: the spec's (without a port: the one it listens on),
+  // else the one it listens on.
+  auto reachable_at = [&](const std::string& given) {
+    if (given.empty()) return url;
+    return given.find(':', given.find("://") + 3) == std::string::npos ? given + ":" + std::to_string(server.port())
+                                                                      : given;
+  };
   // Where nodes come from: `run` asks the job's backend for them; `master` waits for agents.
   const std::string run_id = std::to_string(epoch / kSecond);
   const std::string self = fs::canonical("/proc/self/exe").string();
@@ -193,10 +200,7 @@ int serve(ServeOptions o) {
     ro.spec = spec.ray;
     if (!ro.spec.working_dir.empty()) ro.spec.working_dir = fs::absolute(ro.spec.working_dir).string();
     ro.agent_binary = spec.ray.agent.empty() ? self : spec.ray.agent;
-    // The URL Ray's nodes reach the master at; without a port, the port it listens on.
-    ro.master_url = spec.ray.master_url.empty() ? url : spec.ray.master_url;
-    if (ro.master_url.find(':', ro.master_url.find("://") + 3) == std::string::npos)
-      ro.master_url += ":" + std::to_string(server.port());
+    ro.master_url = reachable_at(spec.ray.master_url);
     ro.token = token;
     ro.run = spec.job + "-" + run_id;
     ro.adopt = o.resume;
@@ -210,9 +214,7 @@ int serve(ServeOptions o) {
     } catch (const kube::KubeError& e) {
       throw LiveError(o.spec_path + ": backend: " + e.what());
     }
-    ko.master_url = spec.kube.master_url.empty() ? url : spec.kube.master_url;
-    if (ko.master_url.find(':', ko.master_url.find("://") + 3) == std::string::npos)
-      ko.master_url += ":" + std::to_string(server.port());
+    ko.master_url = reachable_at(spec.kube.master_url);
     ko.token = token;
     ko.job = spec.job;
     ko.run = spec.job + "-" + run_id;

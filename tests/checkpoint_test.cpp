@@ -89,7 +89,7 @@ struct Cleanup {
 // Storage with faults the caller cannot tell from the real ones: a full disk, a file system that
 // turned read-only (as after an I/O error; root ignores file modes, so it is injected here), and a
 // storage path so slow that writes wait until the test lets them through.
-class FullDisk final : public Storage {
+class FaultyStorage final : public Storage {
  public:
   std::shared_ptr<Storage> real = posix_storage();
   std::atomic<bool> full = false;
@@ -252,7 +252,7 @@ TEST_CASE("a truncated file in storage is skipped and the older step loads, with
 
 TEST_CASE("a full disk during persist keeps the previous persisted checkpoint and never blocks saving") {
   TempDir dir("ckpt-full");
-  auto disk = std::make_shared<FullDisk>();
+  auto disk = std::make_shared<FaultyStorage>();
   Options o = opts("full", dir);
   o.storage = disk;
   FlashCheckpoint c(o);
@@ -287,7 +287,7 @@ TEST_CASE("a full disk during persist keeps the previous persisted checkpoint an
 
 TEST_CASE("read-only storage during persist: reported, the persisted checkpoint kept, training goes on") {
   TempDir dir("ckpt-ro");
-  auto disk = std::make_shared<FullDisk>();
+  auto disk = std::make_shared<FaultyStorage>();
   Options o = opts("ro", dir);
   o.storage = disk;
   FlashCheckpoint c(o);
@@ -317,7 +317,7 @@ TEST_CASE("read-only storage during persist: reported, the persisted checkpoint 
 
 TEST_CASE("slow storage: saves never wait for a persist, requests collapse, host memory stays bounded") {
   TempDir dir("ckpt-slow");
-  auto disk = std::make_shared<FullDisk>();
+  auto disk = std::make_shared<FaultyStorage>();
   Options o = opts("slow", dir);
   o.storage = disk;
   FlashCheckpoint c(o);

@@ -170,14 +170,12 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   if (s.straggler_factor > 0 && s.straggler_factor < 1.05) r.fail("straggler_factor", "must be 0 (off) or above 1.05");
   if (const nlohmann::json* b = r.child("backend")) {
     const std::string at = (where.empty() ? "" : where + ".") + "backend";
-    const std::string type = b->is_string() ? b->get<std::string>()
-                             : b->is_object() && b->contains("type") && (*b)["type"].is_string() ? (*b)["type"].get<std::string>()
-                                                                                                : "";
-    if (type == "local" && b->is_string()) s.backend = "local";
-    else if (type == "ray" && b->is_object()) {
+    const nlohmann::json* type = b->is_object() && b->contains("type") ? &(*b)["type"] : nullptr;
+    if (*b == "local") s.backend = "local";
+    else if (type && *type == "ray") {
       s.backend = "ray";
       s.ray = ray_backend_from_json(*b, at);
-    } else if (type == "kubernetes" && b->is_object()) {
+    } else if (type && *type == "kubernetes") {
       s.backend = "kubernetes";
       s.kube = kube_backend_from_json(*b, at);
       // A kubeconfig path is relative to the spec, like the policy's.

@@ -111,10 +111,10 @@ SubmitRequest RayNodes::request_for(const Tracked& t) const {
   return r;
 }
 
-void RayNodes::report(Tracked& t, std::string reason) {
+void RayNodes::report(Tracked& t, std::string reason, bool fatal) {
   t.ended = true;
   if (t.stopping) return;
-  lost_.push_back({t.name, std::move(reason)});
+  lost_.push_back({t.name, std::move(reason), fatal});
 }
 
 bool RayNodes::run_command(const Command& c) {
@@ -137,15 +137,11 @@ bool RayNodes::run_command(const Command& c) {
       std::cerr << "goodput: ray: " << e.what() << " (will try again)\n";
       return false;
     }
-    // Refused for good (a bad request, a job Ray does not know): the node is lost, and the
-    // policy decides what comes next. Nothing more can be done with this command.
+    // Refused for good: a submission Ray rejects (4xx) is a configuration error that trying again
+    // cannot fix; a stop of a job Ray does not know needs nothing more.
     std::cerr << "goodput: ray: " << e.what() << "\n";
     std::lock_guard lock(mu_);
-    if (c.kind == Command::Submit) {
-      Tracked& t = nodes_[c.name];
-      t.ended = true;
-      lost_.push_back({c.name, std::string("Ray refused the node's job: ") + e.what(), /*fatal=*/true});
-    }
+    if (c.kind == Command::Submit) report(nodes_[c.name], std::string("Ray refused the node's job: ") + e.what(), true);
     return true;
   }
 }

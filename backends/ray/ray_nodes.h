@@ -74,7 +74,7 @@ class RayNodes final : public live::NodeProvider {
   bool run_command(const Command& c);  // false: the dashboard could not be reached; try again later
   void poll();
   SubmitRequest request_for(const Tracked& t) const;
-  void report(Tracked& t, std::string reason);
+  void report(Tracked& t, std::string reason, bool fatal = false);
 
   RayNodesOptions o_;
   RayClient client_;  // used only on the worker thread

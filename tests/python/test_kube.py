@@ -185,9 +185,9 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual([f["kind"] for f in failures], ["node_lost"], failures)
         self.assertIn(f"node {bad['node']} lost: node Ready=Unknown (NodeStatusUnknown", failures[0]["reason"])
         self.assertEqual(decisions(ev), [("hardware_error", "relaunch_node", 1000)])
-        # Detected from the node's status, not from the 300 s toleration or the heartbeat timeout.
-        fail_t = [e["t"] for e in ev if e["type"] == "failure_observed"][0]
-        self.assertLess(fail_t - failures[0]["stalled_since_ns"], 3_000_000_000)
+        # Detected from the node's status (the reason above), not from the 300 s toleration or the
+        # heartbeat timeout: no failure was taken from a silent node.
+        self.assertFalse([f for f in failures if f["reason"].startswith("no heartbeat")], failures)
         replacement = emu.created()[-1]
         terms = replacement["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         self.assertEqual(terms["nodeSelectorTerms"][0]["matchExpressions"][0],
@@ -223,9 +223,8 @@ class KubeBackendTest(unittest.TestCase):
     def test_an_image_that_never_pulls_fails_the_job_at_once(self):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160, backend={"image": "registry.example/does-not-exist:1"}))
-        t0 = time.time()
         self.assertEqual(run.run_while(timeout=120), 1, run.diag())
-        self.assertLess(time.time() - t0, 60)
+        self.assertEqual(of_type(run.events(), "processes_started"), [], "failed before any trainer was started")
         reason = of_type(run.events(), "job_finished")[-1]["reason"]
         self.assertTrue(reason.startswith("failed: container agent cannot start: Err"), reason)
         self.assertIn("registry.example/does-not-exist:1", reason)
