@@ -296,7 +296,9 @@ class Agent {
     if (t_.exited)
       t["exit"] = {{"code", t_.code}, {"signal", t_.signal}, {"reason", t_.reason}, {"done", t_.done},
                    {"age_ms", ms_since(t_.exited_at)}};
-    return json{{"node", node_}, {"trainer", t}};
+    json out{{"node", node_}, {"trainer", t}};
+    if (!o_.host.empty()) out["host"] = o_.host;  // a master resumed from its log learns it again
+    return out;
   }
 
   Beat beat() {

@@ -38,6 +38,14 @@ Time LiveClock::now() const { return base_ + (clock_ns(CLOCK_MONOTONIC) - mono_s
 
 namespace {
 
+// The address other ranks reach a node at: what its agent says, else where its request came from
+// (a pod's or a Ray node's own IP; 127.0.0.1 for local nodes).
+std::string host_of(const json& body, const std::string& peer_address) {
+  const auto it = body.find("host");
+  if (it != body.end() && it->is_string() && !it->get<std::string>().empty()) return it->get<std::string>();
+  return peer_address.empty() ? "127.0.0.1" : peer_address;
+}
+
 // Nodes lost before they joined, in a row, before the job is failed: a node that cannot start
 // (a bad image or binary, an impossible resource request) must not be relaunched forever.
 constexpr int32_t kMaxLaunchesLost = 5;
@@ -229,7 +237,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
   try {
     HttpResponse r;
     if (path == "/v1/register") r = on_register(body, req.peer_address);
-    else if (path == "/v1/heartbeat" || path == "/v1/exit") r = on_heartbeat(body);
+    else if (path == "/v1/heartbeat" || path == "/v1/exit") r = on_heartbeat(body, req.peer_address);
     else if (path == "/v1/shards/next") r = on_shards_next(body);
     else if (path == "/v1/shards/complete") r = on_shards_complete(body);
     else if (path == "/v1/inject") r = on_inject(body);
@@ -250,10 +258,7 @@ HttpResponse LiveMaster::on_register(const json& b, const std::string& peer_addr
   Node n;
   n.id = next_node_++;
   n.name = name;
-  // The address other ranks reach it at: what the agent says, else where its request came from
-  // (a pod's or a Ray node's own IP; 127.0.0.1 for local nodes).
-  n.host = field_or<std::string>(b, "host", "");
-  if (n.host.empty()) n.host = peer_address.empty() ? "127.0.0.1" : peer_address;
+  n.host = host_of(b, peer_address);
   n.last_heartbeat = clock_.now();
   const NodeId id = n.id;
   nodes_[id] = n;
@@ -282,7 +287,8 @@ json LiveMaster::assignment(const Node& n) const {
     out["rank"] = n.slot;
     out["world_size"] = restart_.world_size;
     // torch.distributed's store runs on rank 0: its host, as its agent reported it.
-    out["master_addr"] = slots_[0] >= 0 ? nodes_.at(slots_[0]).host : std::string("127.0.0.1");
+    const std::string rank0 = slots_[0] >= 0 ? nodes_.at(slots_[0]).host : "";
+    out["master_addr"] = rank0.empty() ? std::string("127.0.0.1") : rank0;
     out["master_port"] = rdzv_port_;
     out["restore_step"] = restart_.restore_step;
     out["restore_tier"] = std::string(to_string(restart_.restore_tier));
@@ -302,9 +308,11 @@ json LiveMaster::assignment(const Node& n) const {
   return out;
 }
 
-HttpResponse LiveMaster::on_heartbeat(const json& b) {
+HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_address) {
   Node* n = node(field<int64_t>(b, "node") > INT32_MAX ? -1 : static_cast<NodeId>(field<int64_t>(b, "node")));
   if (!n) return error(404, "unknown node: register again");
+  // Hosts are not in the log: a master resumed from it learns them from the next heartbeats.
+  if (n->host.empty()) n->host = host_of(b, peer_address);
   const Time now = clock_.now();
   n->last_heartbeat = now;
   if (const auto it = b.find("trainer"); it != b.end() && it->is_object()) {

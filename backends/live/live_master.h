@@ -121,7 +121,7 @@ class LiveMaster final : public Backend, public EventSink {
   struct Node {
     NodeId id = 0;
     std::string name;
-    std::string host = "127.0.0.1";
+    std::string host;  // where other ranks reach it; not in the log: learnt again from requests
     int32_t slot = -1;  // -1: a spare
     int32_t former_slot = -1;  // the slot it held when it was relaunched
     bool gone = false;  // relaunched: this machine is out of the job for good
@@ -131,7 +131,7 @@ class LiveMaster final : public Backend, public EventSink {
   };
 
   HttpResponse on_register(const nlohmann::json& body, const std::string& peer_address);
-  HttpResponse on_heartbeat(const nlohmann::json& body);
+  HttpResponse on_heartbeat(const nlohmann::json& body, const std::string& peer_address);
   HttpResponse on_shards_next(const nlohmann::json& body);
   HttpResponse on_shards_complete(const nlohmann::json& body);
   HttpResponse on_inject(const nlohmann::json& body);

@@ -373,6 +373,40 @@ class LiveTest(unittest.TestCase):
             proc.wait(timeout=20)
 
 
+class LiveResumeHostsTest(unittest.TestCase):
+    def test_a_resumed_master_learns_node_hosts_again_from_heartbeats(self):
+        run = LiveRun(self, spec(total_steps=100000, step_time="1s"))
+        args = [GOODPUT, "master", run.job_path, "--run-dir", run.run_dir, "--quiet"]
+
+        def call(url, path, body=None):
+            req = urllib.request.Request(url + path, data=json.dumps(body).encode() if body is not None else None,
+                                         method="POST" if body is not None else "GET",
+                                         headers={"Authorization": "Bearer " + run.token()})
+            for _ in range(100):  # a master just started may not listen yet
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as r:
+                        return json.loads(r.read())
+                except urllib.error.URLError:
+                    time.sleep(0.1)
+            raise AssertionError("no master at " + url)
+
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = run.wait_for_master()
+            node = call(url, "/v1/register", {"name": "n0", "host": "10.1.2.3"})["node"]
+            proc.kill()
+            proc.wait()
+            proc = subprocess.Popen(args + ["--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            hosts = {n["name"]: n["host"] for n in call(url, "/status")["nodes"]}
+            self.assertEqual(hosts, {"n0": ""}, "hosts are not in the log")
+            call(url, "/v1/heartbeat", {"node": node, "host": "10.1.2.3"})
+            hosts = {n["name"]: n["host"] for n in call(url, "/status")["nodes"]}
+            self.assertEqual(hosts, {"n0": "10.1.2.3"})
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 class LiveTlsTest(unittest.TestCase):
     def test_a_job_runs_over_https_and_the_master_speaks_nothing_else(self):
         run = LiveRun(self, spec(total_steps=60, data_shards=120))
