@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -25,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/checkpoint/flash_checkpoint.h"
+#include "agent/node_check.h"
 #include "backends/live/http.h"
 
 extern char** environ;
@@ -208,6 +210,11 @@ class Agent {
     // SIGTERM: the node is being taken away (Ray stopping its job, a pod deleted): stop the
     // trainer, let a running persist finish, free this node's host memory.
     ::signal(SIGTERM, [](int) { g_terminate = 1; });
+    try {  // other nodes' link probes come here; without it this node's check fails, visibly
+      probe_server_ = std::make_unique<LinkProbeServer>(o_.token);
+    } catch (const std::exception& e) {
+      log(o_.name, e.what());
+    }
     if (!register_node()) return 1;
     auto next_beat = Steady::now();
     while (true) {
@@ -258,6 +265,7 @@ class Agent {
       json body{{"name", o_.name}, {"pid", ::getpid()}};
       if (!o_.host.empty()) body["host"] = o_.host;
       if (o_.slot >= 0) body["slot"] = o_.slot;
+      if (probe_server_) body["check_port"] = probe_server_->port();
       auto r = call("/v1/register", body, &status);
       if (r && status == 200) {
         node_ = r->value("node", -1);
@@ -297,6 +305,9 @@ class Agent {
       t["exit"] = {{"code", t_.code}, {"signal", t_.signal}, {"reason", t_.reason}, {"done", t_.done},
                    {"age_ms", ms_since(t_.exited_at)}};
     json out{{"node", node_}, {"trainer", t}};
+    if (check_.valid() && check_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) check_result_ = check_.get();
+    if (check_result_) out["check"] = *check_result_;
+    if (probe_server_) out["check_port"] = probe_server_->port();
     if (!o_.host.empty()) out["host"] = o_.host;  // a master resumed from its log learns it again
     return out;
   }
@@ -313,7 +324,10 @@ class Agent {
       for (const auto& f : a["inject"]) inject(f.get<std::string>());
     const std::string action = a.value("action", "stop");
     if (action == "exit") return Beat::Exit;
-    if (action == "stop") {
+    if (action == "check") {
+      stop_trainer();
+      start_check(a.value("check", json::object()));
+    } else if (action == "stop") {
       stop_trainer();
     } else if (action == "run") {
       const int32_t restart = a.value("restart", 0);
@@ -323,6 +337,43 @@ class Agent {
       }
     }
     return Beat::Ok;
+  }
+
+  // The master's pre-flight check of this node: run it in the background (heartbeats go on) and
+  // report the numbers with the heartbeats until the master moves on.
+  void start_check(const json& c) {
+    const int32_t round = c.value("round", 0);
+    if (round <= 0 || round == check_round_ || check_.valid()) return;  // asked already, or still measuring
+    check_round_ = round;
+    check_result_.reset();
+    const std::string fault = c.value("fault", "");
+    if (fault == "link-down" && probe_server_) probe_server_->set_down(true);
+    log(o_.name, "node check, round " + std::to_string(round) + (fault.empty() ? "" : " (fault drill: " + fault + ")"));
+    check_ = std::async(std::launch::async, [c, round, fault, token = o_.token]() -> json {
+     try {
+      double slow = 1;
+      if (fault.rfind("slow:", 0) == 0) slow = std::stod(fault.substr(5));
+      const ComputeResult cr = compute_probe(std::chrono::milliseconds(c.value("compute_ms", 500)), slow, fault == "corrupt");
+      json out{{"round", round}, {"compute_mflops", cr.mflops}, {"compute_ok", cr.ok}};
+      if (!cr.ok) out["error"] = cr.error;
+      if (c.contains("peer_host") && c["peer_host"].is_string()) {
+        LinkResult lr;
+        if (fault == "link-down") {
+          lr.ok = false;
+          lr.error = "link down (fault drill)";
+        } else {
+          lr = link_probe(c["peer_host"].get<std::string>(), c.value("peer_port", uint16_t{0}), token,
+                          c.value("link_bytes", int64_t{1} << 20), std::chrono::milliseconds(c.value("timeout_ms", 20000)));
+        }
+        out["link_mb_per_s"] = lr.mb_per_s;
+        out["link_ok"] = lr.ok;
+        if (!lr.ok) out["error"] = out.value("error", std::string()) + (cr.ok ? "" : "; ") + lr.error;
+      }
+      return out;
+     } catch (const std::exception& e) {
+      return json{{"round", round}, {"compute_ok", false}, {"error", std::string("check failed: ") + e.what()}};
+     }
+    });
   }
 
   void inject(const std::string& fault) {
@@ -577,6 +628,10 @@ class Agent {
   bool exit_reported_ = false;
   Steady::time_point last_contact_ = Steady::now();
   Persister persister_;
+  std::unique_ptr<LinkProbeServer> probe_server_;
+  int32_t check_round_ = 0;  // the newest check round the master asked for
+  std::future<json> check_;
+  std::optional<json> check_result_;
 };
 
 }  // namespace

@@ -172,6 +172,14 @@ int cmd_explain(const std::string& db, const std::string& node) {
                      "; progress had stopped " + format_duration(e.time - p.stalled_since) + " earlier";
           } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
             if (p.node == id) line = "observed running at 1/" + format_seconds(p.slowdown_permille * kMillisecond).substr(0, 5) + " speed";
+          } else if constexpr (std::is_same_v<T, NodeChecked>) {
+            if (p.node == id)
+              line = "checked (round " + std::to_string(p.round) + "): " + p.verdict + "; compute " +
+                     std::to_string(p.compute_mflops) + " MFLOP/s" + (p.compute_ok ? "" : " WRONG RESULT") +
+                     (p.peer >= 0 ? ", link to node " + std::to_string(p.peer) + " " +
+                                        (p.link_ok ? std::to_string(p.link_mb_per_s) + " MB/s" : "FAILED")
+                                  : "") +
+                     (p.detail.empty() ? "" : " (" + p.detail + ")");
           } else if constexpr (std::is_same_v<T, NodeReturned>) {
             if (p.node == id) line = "repaired, back in the pool of spares";
           } else if constexpr (std::is_same_v<T, RecoveryDecided>) {

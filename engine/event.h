@@ -119,6 +119,23 @@ struct ShardsCompleted {
   int64_t step = 0;
   std::vector<int64_t> shards;
 };
+// One round of a node's pre-flight check, with its evidence: the compute probe (a matrix product of
+// known result, repeated for a fixed time) and the link probe to `peer` (bytes sent over TCP and
+// acknowledged). verdict: "passed"; "suspect" (its link failed this round: it is paired again with a
+// node that passed); "faulty" (a wrong product, or its link failed in both rounds); "straggler"
+// (compute or link below the median of the checked nodes by the configured factor).
+struct NodeChecked {
+  NodeId node = 0;
+  int32_t round = 1;
+  NodeId peer = -1;  // the node its link was measured to; -1: none (a one-node job)
+  int64_t compute_mflops = 0;
+  bool compute_ok = true;
+  int64_t link_mb_per_s = 0;
+  bool link_ok = true;
+  std::string verdict;
+  std::string detail;  // the comparison that led to the verdict, in words and numbers
+};
+
 struct JobFinished {
   std::string reason;  // "completed", "horizon", "gave-up", "stopped"
   int64_t step = 0;
@@ -171,7 +188,7 @@ struct RestartJob {
 using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpareNode, NodeReturned, SlowdownObserved,
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
-                                  RestartJob, ShardsCompleted, ShardsAssigned>;
+                                  RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

@@ -30,6 +30,11 @@ template <class F> void fields(CheckpointSaved& v, F&& f) {
 template <class F> void fields(CheckpointPersisted& v, F&& f) { f("step", v.step); f("count", v.count); }
 template <class F> void fields(ShardsCompleted& v, F&& f) { f("node", v.node); f("step", v.step); f("shards", v.shards); }
 template <class F> void fields(ShardsAssigned& v, F&& f) { f("node", v.node); f("request", v.request); f("shards", v.shards); }
+template <class F> void fields(NodeChecked& v, F&& f) {
+  f("node", v.node); f("round", v.round); f("peer", v.peer); f("compute_mflops", v.compute_mflops);
+  f("compute_ok", v.compute_ok); f("link_mb_per_s", v.link_mb_per_s); f("link_ok", v.link_ok);
+  f("verdict", v.verdict); f("detail", v.detail);
+}
 template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);
@@ -48,7 +53,7 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "job_started",         "node_joined",       "failure_observed", "no_spare_node",    "node_returned",
     "slowdown_observed",   "processes_started", "rendezvous_complete", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
-    "restart_job",         "shards_completed", "shards_assigned"};
+    "restart_job",         "shards_completed", "shards_assigned",  "node_checked"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",

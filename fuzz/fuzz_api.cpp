@@ -10,13 +10,18 @@
 
 namespace {
 
-goodput::live::JobSpec spec() {
+goodput::live::JobSpec spec(bool node_check) {
   goodput::live::JobSpec s;
   s.job = "fuzz";
   s.nodes = 2;
   s.command = {"true"};
   s.total_steps = 100;
   s.data_shards = 8;
+  // Inputs that speak of checks get a master that runs the pre-flight node check (others keep
+  // reaching training, as the corpus and regressions were found for).
+  s.node_check.enabled = node_check;
+  s.node_check.compute = 100 * goodput::kMillisecond;
+  s.node_check.round_timeout = 2 * goodput::kSecond;
   return s;
 }
 
@@ -30,8 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ::unlink((db + "-shm").c_str());
   SqliteStore store(db, SqliteStore::Mode::Create);
   VirtualClock clock;
-  live::LiveMaster master(spec(), default_policy(), store, clock, nullptr, "t", "1");
   const std::string in(reinterpret_cast<const char*>(data), size);
+  live::LiveMaster master(spec(in.find("check") != std::string::npos), default_policy(), store, clock, nullptr, "t", "1");
   Time now = 0;
   for (size_t start = 0; start < in.size();) {
     size_t end = in.find('\n', start);

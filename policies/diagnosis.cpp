@@ -29,6 +29,7 @@ constexpr const char* kDefaultRules = R"([
   {"name": "maintenance", "kinds": ["maintenance"], "diagnosis": "preemption"},
   {"name": "preempted", "reason_contains": ["preempt", "Evicted", "spot interruption", "DisruptionTarget"],
    "diagnosis": "preemption"},
+  {"name": "node-check", "reason_contains": ["node check failed"], "diagnosis": "hardware_error"},
   {"name": "node-lost", "kinds": ["node_lost"], "diagnosis": "hardware_error"},
   {"name": "gpu-fault", "reason_contains": ["Xid", "ECC", "NVLink", "uncorrectable", "fallen off the bus", "HBM",
                                             "GPU hardware", "Faulty GPU", "infiniband", "link down"],

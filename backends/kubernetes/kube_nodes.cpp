@@ -227,6 +227,14 @@ void KubeNodes::terminate(const std::string& name) {
   cv_.notify_all();
 }
 
+void KubeNodes::exclude(const std::string& name) {
+  std::lock_guard lock(mu_);
+  const auto it = pods_.find(name);
+  if (it == pods_.end() || it->second.node.empty()) return;
+  if (excluded_nodes_.insert(it->second.node).second)
+    std::cerr << "goodput: kubernetes: node " << it->second.node << " excluded (pod " << name << " diagnosed with a hardware error)\n";
+}
+
 std::vector<live::LostNode> KubeNodes::lost() {
   std::lock_guard lock(mu_);
   return std::exchange(lost_, {});
@@ -333,6 +341,7 @@ void KubeNodes::commands() {
       if (quit_) return;
       c = queue_.front();
       avoid = bad_nodes_;
+      avoid.insert(excluded_nodes_.begin(), excluded_nodes_.end());
     }
     bool done = true;
     try {

@@ -61,6 +61,7 @@ class KubeNodes final : public live::NodeProvider {
   void terminate(const std::string& name) override;
   std::vector<live::LostNode> lost() override;
   void shut_down(int timeout_ms) override;
+  void exclude(const std::string& name) override;
 
   // The pod a launch makes: its name, memory, the nodes it must keep off.
   static nlohmann::json manifest_for(const KubeNodesOptions& o, const std::string& name, int32_t slot,
@@ -95,7 +96,8 @@ class KubeNodes final : public live::NodeProvider {
   std::condition_variable cv_;
   std::deque<Command> queue_;
   std::map<std::string, Pod> pods_;
-  std::set<std::string> bad_nodes_;
+  std::set<std::string> bad_nodes_;       // nodes Kubernetes reports in trouble (until it reports them well)
+  std::set<std::string> excluded_nodes_;  // nodes the master found bad (hardware error, failed check): for good
   std::vector<live::LostNode> lost_;
   int counter_ = 0;
   std::atomic<bool> quit_{false};

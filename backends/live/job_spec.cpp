@@ -113,6 +113,43 @@ KubeBackendSpec kube_backend_from_json(const nlohmann::json& j, const std::strin
   return b;
 }
 
+NodeCheckSpec node_check_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw ConfigError("field '" + where + "' must be an object");
+  ConfigReader r(j, where);
+  NodeCheckSpec c;
+  c.enabled = true;
+  c.compute = r.duration("compute", c.compute);
+  if (c.compute < 10 * kMillisecond || c.compute > 10 * kMinute) r.fail("compute", "must be between 10ms and 10m");
+  c.link_bytes = r.integer("link_mib", c.link_bytes >> 20, 1, 4096) << 20;
+  c.straggler_factor = r.number("straggler_factor", c.straggler_factor, 1.05, 1000);
+  c.round_timeout = r.duration("round_timeout", c.round_timeout);
+  if (c.round_timeout < c.compute + kSecond) r.fail("round_timeout", "must be at least compute + 1s");
+  if (const nlohmann::json* f = r.child("faults")) {
+    if (!f->is_array()) r.fail("faults", "must be a list of {\"slot\": N, \"fault\": ...}");
+    for (size_t i = 0; i < f->size(); ++i) {
+      if (!(*f)[i].is_object()) r.fail("faults", "entry " + std::to_string(i) + " must be an object");
+      ConfigReader fr((*f)[i], where + ".faults[" + std::to_string(i) + "]");
+      const auto slot = static_cast<int32_t>(fr.integer("slot", -1, 0, 4095));
+      if (!fr.has("slot")) fr.fail("slot", "is required");
+      const std::string fault = fr.text("fault", "");
+      const bool slow = fault.rfind("slow:", 0) == 0;
+      double factor = 0;
+      if (slow) {
+        try {
+          factor = std::stod(fault.substr(5));
+        } catch (const std::exception&) {
+        }
+      }
+      if (fault != "corrupt" && fault != "link-down" && !(slow && factor >= 1 && factor <= 1000))
+        fr.fail("fault", "must be corrupt, link-down or slow:F (F from 1 to 1000)");
+      fr.finish();
+      c.faults[slot] = fault;
+    }
+  }
+  r.finish();
+  return c;
+}
+
 }  // namespace
 
 JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, const std::string& base_dir) {
@@ -168,6 +205,8 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.failure_settle = r.duration("failure_settle", s.failure_settle);
   s.straggler_factor = r.number("straggler_factor", s.straggler_factor, 0, 1000);
   if (s.straggler_factor > 0 && s.straggler_factor < 1.05) r.fail("straggler_factor", "must be 0 (off) or above 1.05");
+  if (const nlohmann::json* c = r.child("node_check"))
+    s.node_check = node_check_from_json(*c, (where.empty() ? "" : where + ".") + "node_check");
   if (const nlohmann::json* b = r.child("backend")) {
     const std::string at = (where.empty() ? "" : where + ".") + "backend";
     const nlohmann::json* type = b->is_object() && b->contains("type") ? &(*b)["type"] : nullptr;

@@ -53,6 +53,21 @@ struct KubeBackendSpec {
   nlohmann::json volume_mounts = nlohmann::json::array();  // where the container mounts them
 };
 
+// The pre-flight node check ("node_check"; absent: off). A node is checked once, when it first takes
+// a rank slot, before any trainer of the world starts: the compute probe, then a link probe to a
+// partner node; links that fail are tried again with another partner. See docs/node-check.md.
+struct NodeCheckSpec {
+  bool enabled = false;
+  Duration compute = 500 * kMillisecond;  // how long the compute probe runs
+  int64_t link_bytes = 32 << 20;          // bytes the link probe sends ("link_mib")
+  double straggler_factor = 2.0;          // slower than the median by this much: a straggler
+  Duration round_timeout = 60 * kSecond;  // a node that reports no result in this time fails its round
+  // Fault drills: the first node to take a slot gets this fault in its check ("corrupt": wrong
+  // products; "link-down": its link probes fail and it refuses its partners'; "slow:F": its compute
+  // probe does F times the work).
+  std::map<int32_t, std::string> faults;
+};
+
 struct JobSpec {
   std::string job;
   int32_t nodes = 1;
@@ -74,6 +89,7 @@ struct JobSpec {
   Duration hang_timeout = 30 * kSecond;  // a trainer that reports nothing this long is hung
   Duration failure_settle = 300 * kMillisecond;  // collect the exits one failure causes, then diagnose
   double straggler_factor = 1.5;  // a rank doing this many times the typical rank's work per step; 0: off
+  NodeCheckSpec node_check;
   std::string backend = "local";  // "local", "ray" or "kubernetes"
   RayBackendSpec ray;
   KubeBackendSpec kube;

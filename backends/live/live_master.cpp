@@ -131,9 +131,20 @@ void LiveMaster::append(const Event& e) {
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           waiting_slots_.erase(p.slot);
           launches_lost_ = 0;
+          if (slots_seen_.insert(p.slot).second)
+            if (const auto f = spec_.node_check.faults.find(p.slot); f != spec_.node_check.faults.end())
+              n.check_fault = f->second;
           next_node_ = std::max(next_node_, p.node + 1);
         } else if constexpr (std::is_same_v<T, ShardsAssigned>) {
           last_assigned_[p.node] = p;
+        } else if constexpr (std::is_same_v<T, NodeChecked>) {
+          Node& n = nodes_[p.node];
+          n.check_mflops = p.compute_mflops;
+          if (p.link_ok && p.peer >= 0) n.check_link = p.link_mb_per_s;
+          if (p.verdict != "suspect") {
+            n.check_verdict = p.verdict;
+            n.check_detail = p.detail;
+          }
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           last_failure_hang_ = p.kind == FailureKind::Hang;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
@@ -180,6 +191,7 @@ void LiveMaster::execute(const Event& d) {
     if (r->action != RecoveryAction::RelaunchNode && r->action != RecoveryAction::RelaunchWithMoreMemory) return;
     const Node& n = nodes_[r->node];
     if (provider_) {
+      if (r->diagnosis == Diagnosis::HardwareError) provider_->exclude(n.name);  // elsewhere, not there again
       provider_->terminate(n.name);
       // The slot it held (append already vacated it) gets a fresh machine, with that slot's memory.
       provider_->launch(n.former_slot, n.former_slot >= 0 ? slot_memory_[n.former_slot] : 1000);
@@ -259,6 +271,7 @@ HttpResponse LiveMaster::on_register(const json& b, const std::string& peer_addr
   n.id = next_node_++;
   n.name = name;
   n.host = host_of(b, peer_address);
+  n.check_port = static_cast<uint16_t>(std::clamp<int64_t>(field_or<int64_t>(b, "check_port", 0), 0, 65535));
   n.last_heartbeat = clock_.now();
   const NodeId id = n.id;
   nodes_[id] = n;
@@ -278,6 +291,23 @@ json LiveMaster::assignment(const Node& n) const {
   const JobState& s = master_.state();
   if (s.finished() || n.gone) {
     out["action"] = "exit";
+  } else if (n.slot >= 0 && n.slot < world_ && checks_pending()) {
+    // Nobody trains until every node of the world has passed its check.
+    out["action"] = "stop";
+    if (n.check_round > 0 && n.check_verdict.empty()) {
+      out["action"] = "check";
+      json c{{"round", n.check_round},
+             {"compute_ms", spec_.node_check.compute / kMillisecond},
+             {"link_bytes", spec_.node_check.link_bytes},
+             {"timeout_ms", (spec_.node_check.round_timeout - spec_.node_check.compute) / 2 / kMillisecond}};
+      if (const auto p = nodes_.find(n.check_peer); p != nodes_.end() && p->second.check_port > 0) {
+        c["peer"] = p->first;
+        c["peer_host"] = p->second.host.empty() ? std::string("127.0.0.1") : p->second.host;
+        c["peer_port"] = p->second.check_port;
+      }
+      if (!n.check_fault.empty()) c["fault"] = n.check_fault;
+      out["check"] = c;
+    }
   } else if (n.slot < 0 || n.slot >= world_ || s.restart_jobs() == 0 || s.phase() == Phase::Scheduling ||
              s.phase() == Phase::Idle || s.needs_restart() || clock_.now() < run_at_) {
     out["action"] = "stop";  // a spare, or the world is between restarts: no trainer should run
@@ -313,6 +343,18 @@ HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_add
   if (!n) return error(404, "unknown node: register again");
   // Hosts are not in the log: a master resumed from it learns them from the next heartbeats.
   if (n->host.empty()) n->host = host_of(b, peer_address);
+  if (const int64_t port = field_or<int64_t>(b, "check_port", 0); port > 0 && port < 65536)
+    n->check_port = static_cast<uint16_t>(port);
+  if (const auto c = b.find("check"); c != b.end() && c->is_object() && n->check_round > 0 &&
+                                      field_or<int64_t>(*c, "round", 0) == n->check_round) {
+    Node::CheckReport r;
+    r.mflops = std::max<int64_t>(field_or<int64_t>(*c, "compute_mflops", 0), 0);
+    r.compute_ok = field_or<bool>(*c, "compute_ok", false);
+    if (c->contains("link_ok")) r.link_ok = field<bool>(*c, "link_ok");
+    r.link = std::max<int64_t>(field_or<int64_t>(*c, "link_mb_per_s", 0), 0);
+    r.error = field_or<std::string>(*c, "error", "").substr(0, 1000);
+    n->check_report = r;
+  }
   const Time now = clock_.now();
   n->last_heartbeat = now;
   if (const auto it = b.find("trainer"); it != b.end() && it->is_object()) {
@@ -419,6 +461,7 @@ void LiveMaster::tick() {
     if (!n.gone && n.slot >= 0 && n.slot < world_ && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
       observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,
                               "no heartbeat for " + format_duration(now - n.last_heartbeat), n.last_heartbeat});
+  run_checks();
   // Straggler statistics move slowly: weigh them on the tick, not on every heartbeat.
   ticking_ = true;
   advance();
@@ -614,6 +657,176 @@ bool LiveMaster::detect_stragglers(const std::vector<Node*>& w) {
   return false;
 }
 
+// ---- pre-flight node check -------------------------------------------------------------------------
+//
+// Every node is checked once, when the world it joined is complete: round 1 pairs the new nodes
+// (each measures its link to its partner, so both directions are tried; an odd one goes to the
+// fastest node already checked); a node with a wrong product is faulty at once; one whose link
+// failed is a suspect, and round 2 pairs each suspect (slowest first) with a node that passed
+// (fastest first). A suspect whose link fails again is faulty: it failed with two partners.
+// Faulty nodes become failures for the recovery policy ("node check failed" reads as a hardware
+// error: relaunched elsewhere, the machine excluded); stragglers become slowdowns with their ratio.
+
+bool LiveMaster::checks_pending() const {
+  if (!spec_.node_check.enabled) return false;
+  for (int32_t s = 0; s < world_; ++s)
+    if (slots_[s] >= 0)
+      if (const Node& n = nodes_.at(slots_[s]); !n.gone && n.check_verdict.empty()) return true;
+  return false;
+}
+
+void LiveMaster::run_checks() {
+  if (!spec_.node_check.enabled || finished()) return;
+  if (check_round_ > 0) {
+    const bool waiting = std::any_of(check_members_.begin(), check_members_.end(), [&](NodeId id) {
+      const Node* n = node(id);
+      return n && !n->gone && n->slot >= 0 && n->check_verdict.empty() && !n->check_report;
+    });
+    if (!waiting || clock_.now() >= check_deadline_) judge_checks();
+    return;
+  }
+  act_on_checks();
+  const std::vector<Node*> w = world();
+  if (w.empty()) return;  // pairs are made across the whole world: wait for it
+  std::vector<NodeId> fresh, checked;
+  for (Node* n : w) (n->check_verdict.empty() ? fresh : checked).push_back(n->id);
+  if (fresh.empty()) return;
+  std::stable_sort(checked.begin(), checked.end(),
+                   [&](NodeId a, NodeId b) { return nodes_[a].check_link > nodes_[b].check_link; });
+  std::vector<NodeId> peers(fresh.size(), -1);
+  for (size_t i = 0; i + 1 < fresh.size(); i += 2) {
+    peers[i] = fresh[i + 1];
+    peers[i + 1] = fresh[i];
+  }
+  if (fresh.size() % 2 == 1) peers.back() = !checked.empty() ? checked.front() : fresh.size() > 1 ? fresh.front() : -1;
+  start_check_round(1, fresh, peers);
+}
+
+void LiveMaster::start_check_round(int32_t round, std::vector<NodeId> members, const std::vector<NodeId>& peers) {
+  for (size_t i = 0; i < members.size(); ++i) {
+    Node& n = nodes_[members[i]];
+    n.check_round = round;
+    n.check_peer = peers[i];
+    n.check_report.reset();
+  }
+  check_round_ = round;
+  check_members_ = std::move(members);
+  check_deadline_ = clock_.now() + spec_.node_check.round_timeout;
+}
+
+void LiveMaster::judge_checks() {
+  const NodeCheckSpec& spec = spec_.node_check;
+  const int32_t round = check_round_;
+  check_round_ = 0;
+  std::vector<NodeChecked> results;
+  for (NodeId id : check_members_) {
+    Node* n = node(id);
+    if (!n || n->gone || n->slot < 0 || !n->check_verdict.empty()) continue;  // left meanwhile
+    NodeChecked c{id, round, n->check_peer, 0, false, 0, false, "faulty", ""};
+    if (!n->check_report) {
+      c.detail = "no check result within " + format_duration(spec.round_timeout);
+    } else {
+      const Node::CheckReport& r = *n->check_report;
+      c.compute_mflops = r.mflops;
+      c.compute_ok = r.compute_ok;
+      c.link_mb_per_s = r.link;
+      c.link_ok = c.peer < 0 || r.link_ok.value_or(false);
+      const std::string& error = r.error;
+      if (!c.compute_ok) {
+        c.detail = "compute probe: " + (error.empty() ? std::string("no result") : error);
+      } else if (!c.link_ok) {
+        c.verdict = round == 1 ? "suspect" : "faulty";
+        c.detail = (round == 1 ? "" : "link failed with two partners; ") + (error.empty() ? "no link result" : error);
+      } else {
+        c.verdict = "passed";
+      }
+    }
+    results.push_back(c);
+  }
+  // Stragglers among those that passed: compute (and link) against the median of the world's
+  // checked nodes and this round's, the upper median (two nodes: the slower is compared with the faster).
+  std::vector<int64_t> mflops, links;
+  for (const auto& [id, n] : nodes_)
+    if (!n.gone && n.slot >= 0 && (n.check_verdict == "passed" || n.check_verdict == "straggler")) {
+      mflops.push_back(n.check_mflops);
+      if (n.check_link > 0) links.push_back(n.check_link);
+    }
+  for (const NodeChecked& c : results) {
+    if (c.compute_ok && c.compute_mflops > 0) mflops.push_back(c.compute_mflops);  // suspects' arithmetic counts
+    if (c.verdict == "passed" && c.peer >= 0) links.push_back(c.link_mb_per_s);
+  }
+  auto upper_median = [](std::vector<int64_t> v) -> int64_t {
+    if (v.empty()) return 0;
+    std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const int64_t med_c = upper_median(mflops), med_l = upper_median(links);
+  for (NodeChecked& c : results) {
+    if (c.verdict != "passed") continue;
+    const double rc = c.compute_mflops > 0 ? static_cast<double>(med_c) / static_cast<double>(c.compute_mflops) : 0;
+    const double rl = c.peer >= 0 && c.link_mb_per_s > 0 ? static_cast<double>(med_l) / static_cast<double>(c.link_mb_per_s) : 0;
+    char text[160];
+    if (rc >= spec.straggler_factor && rc >= rl) {
+      std::snprintf(text, sizeof text, "compute %lld MFLOP/s, 1/%.2f of the median %lld", static_cast<long long>(c.compute_mflops),
+                    rc, static_cast<long long>(med_c));
+      c.verdict = "straggler";
+      c.detail = text;
+    } else if (rl >= spec.straggler_factor) {
+      std::snprintf(text, sizeof text, "link %lld MB/s, 1/%.2f of the median %lld", static_cast<long long>(c.link_mb_per_s), rl,
+                    static_cast<long long>(med_l));
+      c.verdict = "straggler";
+      c.detail = text;
+    }
+  }
+  std::vector<NodeId> suspects;
+  for (NodeChecked& c : results) {
+    if (c.verdict == "straggler") {
+      const double r = std::max(static_cast<double>(med_c) / static_cast<double>(std::max<int64_t>(c.compute_mflops, 1)),
+                                c.peer >= 0 ? static_cast<double>(med_l) / static_cast<double>(std::max<int64_t>(c.link_mb_per_s, 1)) : 0.0);
+      nodes_[c.node].check_slowdown = static_cast<int32_t>(std::lround(std::min(r, 1000.0) * 1000));
+    }
+    observe(c);  // the evidence, before anything is decided
+    if (c.verdict == "suspect") suspects.push_back(c.node);
+  }
+  std::erase_if(suspects, [&](NodeId id) { return !node(id) || node(id)->gone || node(id)->slot < 0; });
+  if (!suspects.empty() && !finished()) {
+    // Round 2: each suspect (slowest link first) with a node that passed (fastest first); with none
+    // that passed, the suspects with each other, partners shifted by one. What this round found
+    // waits for round 2: the nodes it condemns may be the partners round 2 needs.
+    std::vector<NodeId> passed;
+    for (const auto& [id, n] : nodes_)
+      if (!n.gone && n.slot >= 0 && n.slot < world_ && (n.check_verdict == "passed" || n.check_verdict == "straggler"))
+        passed.push_back(id);
+    std::stable_sort(passed.begin(), passed.end(), [&](NodeId a, NodeId b) { return nodes_[a].check_link > nodes_[b].check_link; });
+    std::vector<NodeId> peers(suspects.size());
+    for (size_t i = 0; i < suspects.size(); ++i)
+      peers[i] = !passed.empty()         ? passed[i % passed.size()]
+                 : suspects.size() > 1 ? suspects[(i + 1) % suspects.size()]
+                                       : nodes_[suspects[i]].check_peer;
+    start_check_round(2, suspects, peers);
+    return;
+  }
+  act_on_checks();
+}
+
+void LiveMaster::act_on_checks() {
+  // Verdicts become observations for the policies: a faulty node is a failure ("node check failed"
+  // reads as a hardware error), a straggler a slowdown with its measured ratio. Each once; a
+  // master resumed from its log acts on a verdict the old one logged but did not act on.
+  for (int32_t s = 0; s < world_ && !finished(); ++s) {
+    if (slots_[s] < 0) continue;
+    Node& n = nodes_[slots_[s]];
+    if (n.gone || n.check_acted || (n.check_verdict != "faulty" && n.check_verdict != "straggler")) continue;
+    n.check_acted = true;
+    if (n.check_verdict == "faulty") {
+      observe(FailureObserved{n.id, FailureKind::NodeLost, 0, 0, "node check failed: " + n.check_detail, clock_.now()});
+    } else if (n.check_slowdown > 1000) {
+      straggler_permille_[n.id] = n.check_slowdown;
+      observe(SlowdownObserved{n.id, n.check_slowdown});
+    }
+  }
+}
+
 int64_t LiveMaster::newest_step() const {
   int64_t step = 0;
   for (const auto& [id, n] : nodes_)
@@ -654,6 +867,8 @@ nlohmann::ordered_json LiveMaster::status() const {
                      {"host", n.host},
                      {"slot", n.slot},
                      {"heartbeat_age_s", static_cast<double>(now - n.last_heartbeat) / kSecond},
+                     {"check", n.check_verdict.empty() ? (n.check_round > 0 ? "round " + std::to_string(n.check_round) : "")
+                                                       : n.check_verdict},
                      {"trainer", {{"restart", n.trainer.restart}, {"phase", n.trainer.phase}, {"pid", n.trainer.pid},
                                   {"step", n.trainer.step}, {"work_median_s", n.trainer.work_median_s}}}});
   }

@@ -49,6 +49,9 @@ class NodeProvider {
   virtual std::vector<LostNode> lost() = 0;
   // The job is over: wait up to timeout_ms for nodes to leave on their own, then stop the rest.
   virtual void shut_down(int timeout_ms) = 0;
+  // The machine under this node is bad (a hardware diagnosis, a failed node check): place no more
+  // nodes on it. Providers that do not choose machines (the local one) have nothing to do.
+  virtual void exclude(const std::string& name) { (void)name; }
 };
 
 // The master's clock: nanoseconds since the job started, from the log's epoch (wall clock, read
@@ -128,6 +131,26 @@ class LiveMaster final : public Backend, public EventSink {
     Time last_heartbeat = 0;
     Trainer trainer;
     std::vector<std::string> inject;  // faults to hand to the agent with the next heartbeat
+    // Pre-flight check. Verdict and numbers are folded from the log (NodeChecked); the round in
+    // progress is not (a resumed master checks again what had no verdict).
+    uint16_t check_port = 0;     // its agent's link-probe port
+    std::string check_fault;     // fault drill for its check (the first node of a slot)
+    std::string check_verdict;   // passed, straggler or faulty; empty: not checked yet
+    std::string check_detail;
+    int32_t check_slowdown = 0;  // a straggler's measured slowdown (permille); not in the log
+    bool check_acted = false;    // its verdict went to the policies
+    int64_t check_mflops = 0;
+    int64_t check_link = 0;      // MB/s; 0: not measured
+    int32_t check_round = 0;     // the round it was asked for
+    NodeId check_peer = -1;
+    struct CheckReport {
+      int64_t mflops = 0;
+      bool compute_ok = false;
+      std::optional<bool> link_ok;  // absent: no link was measured
+      int64_t link = 0;
+      std::string error;
+    };
+    std::optional<CheckReport> check_report;  // its agent's result for check_round
   };
 
   HttpResponse on_register(const nlohmann::json& body, const std::string& peer_address);
@@ -142,6 +165,11 @@ class LiveMaster final : public Backend, public EventSink {
   void observe(EventPayload p);
   void on_lost(const LostNode& lost, Time now);
   bool detect_stragglers(const std::vector<Node*>& w);
+  bool checks_pending() const;  // a node of the world has no check verdict yet
+  void run_checks();
+  void judge_checks();
+  void act_on_checks();
+  void start_check_round(int32_t round, std::vector<NodeId> members, const std::vector<NodeId>& peers);
   uint16_t pick_port() const;
 
   JobSpec spec_;
@@ -176,6 +204,10 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t unauthorized_ = 0;
   std::map<NodeId, int32_t> straggler_permille_;  // the slowdown last reported per node
   std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart
+  std::set<int32_t> slots_seen_;          // slots some node has joined (a check's fault drill goes to the first)
+  int32_t check_round_ = 0;               // the check round in progress (0: none)
+  Time check_deadline_ = 0;
+  std::vector<NodeId> check_members_;
 };
 
 }  // namespace goodput::live

@@ -194,6 +194,40 @@ class KubeBackendTest(unittest.TestCase):
                          {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad["node"]]})
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
+    def test_a_node_that_fails_its_check_is_excluded_from_placement(self):
+        # Slot 1's first pod computes wrong products (a bad machine): the check fails it before any
+        # trainer starts; its Kubernetes node is kept off for the rest of the job (required node
+        # affinity NotIn), so the replacement runs on the third node although the bad one is Ready.
+        emu = Emulator(self, nodes=3)
+        run = LiveRun(self, kube_spec(emu, total_steps=60,
+                                      node_check={"compute": "300ms", "link_mib": 4,
+                                                  "faults": [{"slot": 1, "fault": "corrupt"}]}))
+        seen = {}
+
+        def training():
+            run.wait_for_step(20)
+            seen["pods"] = emu.pods()
+
+        self.assertEqual(run.run_while(training), 0, run.diag())
+        ev = run.events()
+        checked = of_type(ev, "node_checked")
+        faulty = [c for c in checked if c["verdict"] == "faulty"]
+        self.assertEqual(len(faulty), 1, checked)
+        self.assertFalse(faulty[0]["compute_ok"])
+        self.assertIn("differs from the exact result", faulty[0]["detail"])
+        self.assertEqual(decisions(ev), [("hardware_error", "relaunch_node", 1000)])
+        created = emu.created()
+        self.assertEqual(len(created), 3)
+        bad_pod = [j["name"] for j in of_type(ev, "node_joined") if j["node"] == faulty[0]["node"]][0]
+        terms = created[-1]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        excluded = terms["nodeSelectorTerms"][0]["matchExpressions"][0]
+        self.assertEqual((excluded["key"], excluded["operator"]), ("kubernetes.io/hostname", "NotIn"))
+        self.assertEqual(len(excluded["values"]), 1)
+        self.assertIn(f"node {excluded['values'][0]} excluded (pod {bad_pod} ", run.stderr)
+        replacement = seen["pods"][emu.pod_of_slot(run, 1)]
+        self.assertNotEqual(replacement["spec"]["nodeName"], excluded["values"][0])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_a_cut_watch_and_an_expired_version_miss_no_failure_and_relaunch_once(self):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160, heartbeat_timeout="20s", hang_timeout="20s"))

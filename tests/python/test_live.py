@@ -287,6 +287,52 @@ class LiveTest(unittest.TestCase):
         self.assertEqual([f for f in of_type(ev, "failure_observed") if f["kind"] == "hang"], [])
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
+    def test_the_node_check_finds_a_bad_link_and_a_slow_node_before_training(self):
+        # Three nodes checked before any trainer starts: slot 1's link is down (its agent refuses
+        # probes and its own fail), slot 2 computes at a quarter of the speed (real extra work).
+        policy = {"name": "replace stragglers",
+                  "recovery": {"policy": "diagnose", "replace_stragglers_above": 1.5},
+                  "checkpoint": {"policy": "flash", "every_steps": 20, "persist_every": 2}}
+        check = {"compute": "400ms", "link_mib": 8,
+                 "faults": [{"slot": 1, "fault": "link-down"}, {"slot": 2, "fault": "slow:4"}]}
+        run = LiveRun(self, spec(nodes=3, policy=policy, node_check=check, total_steps=60))
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        joined = {j["node"]: j for j in of_type(ev, "node_joined")}
+        checked = of_type(ev, "node_checked")
+        by_slot = lambda slot, verdict: [c for c in checked if joined[c["node"]]["slot"] == slot and c["verdict"] == verdict]
+        # Slot 1 failed with two partners (round 1 and round 2), and was relaunched as a hardware error.
+        faulty = by_slot(1, "faulty")
+        self.assertEqual(len(faulty), 1, checked)
+        self.assertEqual(faulty[0]["round"], 2)
+        self.assertFalse(faulty[0]["link_ok"])
+        bad = faulty[0]["node"]
+        self.assertEqual(len(by_slot(1, "suspect")), 1, checked)
+        # Its round-1 partner (slot 0) was a suspect too, and cleared itself in round 2.
+        self.assertTrue(any(c["round"] == 2 and c["verdict"] == "passed" for c in checked if joined[c["node"]]["slot"] == 0), checked)
+        decided = {d["node"]: d for d in of_type(ev, "recovery_decided")}
+        self.assertEqual((decided[bad]["diagnosis"], decided[bad]["action"]), ("hardware_error", "relaunch_node"))
+        # Slot 2: a straggler, with its measured ratio as the evidence; replaced by the policy.
+        slow = by_slot(2, "straggler")
+        self.assertEqual(len(slow), 1, checked)
+        self.assertTrue(slow[0]["compute_ok"])
+        ratio = [s for s in of_type(ev, "slowdown_observed") if s["node"] == slow[0]["node"]]
+        self.assertGreaterEqual(ratio[0]["slowdown_permille"], 2000, ratio)
+        self.assertEqual(decided[slow[0]["node"]]["diagnosis"], "straggler")
+        # The replacements were checked and passed; only then did trainers start, and the job completed.
+        for n in (bad, slow[0]["node"]):
+            again = [c for c in checked if joined[c["node"]]["slot"] == joined[n]["slot"] and c["node"] != n]
+            self.assertTrue(again and again[-1]["verdict"] == "passed", checked)
+        seqs = [e["seq"] for e in ev if e["type"] == "node_checked"]
+        started = [e["seq"] for e in ev if e["type"] == "processes_started"]
+        self.assertLess(max(seqs), min(started))
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        # goodput explain tells the faulty node's story with the numbers.
+        out = subprocess.run([GOODPUT, "explain", run.db, "--node", joined[bad]["name"]], capture_output=True,
+                             text=True, check=True).stdout
+        self.assertIn("checked (round 2): faulty", out)
+        self.assertIn("node check failed", out)
+
     def test_master_killed_mid_run_resumes_from_its_log(self):
         run = LiveRun(self, spec(total_steps=200, data_shards=400))
         proc = run.start()

@@ -1,0 +1,259 @@
+// The pre-flight node check: the agent's probes against real arithmetic and real TCP sockets, and
+// the master's pairing and verdicts driven through its HTTP handler with a real SQLite log. (Real
+// agents and PyTorch trainers going through a check: tests/python/test_live.py.)
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "agent/node_check.h"
+#include "backends/live/job_spec.h"
+#include "backends/live/live_master.h"
+#include "engine/event_json.h"
+#include "engine/event_store.h"
+#include "policies/policy.h"
+
+using namespace goodput;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+TEST_CASE("the compute probe checks every product against the exact result") {
+  const auto good = agent::compute_probe(std::chrono::milliseconds(50));
+  CHECK(good.ok);
+  CHECK(good.error.empty());
+  CHECK(good.mflops > 0);
+  const auto bad = agent::compute_probe(std::chrono::milliseconds(50), 1, /*corrupt=*/true);
+  CHECK_FALSE(bad.ok);
+  CHECK(bad.error.find("differs from the exact result at (17,42)") != std::string::npos);
+}
+
+TEST_CASE("the link probe moves real bytes over TCP and fails for a wrong token, a dead link or no listener") {
+  agent::LinkProbeServer server("job-token");
+  REQUIRE(server.port() > 0);
+  const auto ok = agent::link_probe("127.0.0.1", server.port(), "job-token", 8 << 20, std::chrono::seconds(10));
+  CHECK_MESSAGE(ok.ok, ok.error);
+  CHECK(ok.mb_per_s > 0);
+
+  const auto wrong = agent::link_probe("127.0.0.1", server.port(), "other-token", 1 << 20, std::chrono::seconds(10));
+  CHECK_FALSE(wrong.ok);
+
+  server.set_down(true);
+  const auto down = agent::link_probe("127.0.0.1", server.port(), "job-token", 1 << 20, std::chrono::seconds(10));
+  CHECK_FALSE(down.ok);
+  CHECK(down.error.find("127.0.0.1:" + std::to_string(server.port())) != std::string::npos);
+
+  uint16_t closed = 0;
+  {
+    agent::LinkProbeServer gone("job-token");
+    closed = gone.port();
+  }
+  const auto refused = agent::link_probe("127.0.0.1", closed, "job-token", 1 << 20, std::chrono::seconds(5));
+  CHECK_FALSE(refused.ok);
+  CHECK(refused.error.find("connect") != std::string::npos);
+}
+
+namespace {
+
+struct ManualClock final : Clock {
+  Time t = 0;
+  Time now() const override { return t; }
+};
+
+// Records what the master asks of its machines.
+struct RecordingProvider final : live::NodeProvider {
+  std::vector<std::string> calls;
+  void launch(int32_t slot, int32_t memory_permille) override {
+    calls.push_back("launch " + std::to_string(slot) + " " + std::to_string(memory_permille));
+  }
+  void terminate(const std::string& name) override { calls.push_back("terminate " + name); }
+  std::vector<live::LostNode> lost() override { return {}; }
+  void shut_down(int) override {}
+  void exclude(const std::string& name) override { calls.push_back("exclude " + name); }
+};
+
+struct Harness {
+  fs::path db = fs::temp_directory_path() / ("goodput-check-" + std::to_string(::getpid()) + ".db");
+  ManualClock clock;
+  RecordingProvider provider;
+  std::unique_ptr<SqliteStore> store;
+  std::unique_ptr<live::LiveMaster> master;
+
+  explicit Harness(const json& node_check, int nodes = 3) {
+    fs::remove(db);
+    json spec{{"job", "chk"}, {"nodes", nodes}, {"command", {"true"}}, {"total_steps", 10}, {"node_check", node_check},
+              {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}};
+    store = std::make_unique<SqliteStore>(db.string(), SqliteStore::Mode::Create);
+    master = std::make_unique<live::LiveMaster>(live::job_spec_from_json(spec, "", "."), default_policy(), *store, clock,
+                                                &provider, "tok", "run1");
+  }
+  ~Harness() {
+    master.reset();
+    store.reset();
+    fs::remove(db);
+  }
+  json post(const std::string& path, const json& body) {
+    live::HttpRequest r;
+    r.method = "POST";
+    r.target = path;
+    r.authorization = "Bearer tok";
+    r.body = body.dump();
+    r.peer_address = "127.0.0.1";
+    const auto resp = master->handle(r);
+    REQUIRE_MESSAGE(resp.status == 200, resp.body);
+    return json::parse(resp.body);
+  }
+  int32_t join(const std::string& name, uint16_t port) {
+    return post("/v1/register", {{"name", name}, {"check_port", port}})["node"].get<int32_t>();
+  }
+  json beat(int32_t node, const json& check = nullptr) {
+    json b{{"node", node}, {"trainer", {{"restart", -1}, {"phase", "none"}}}};
+    if (!check.is_null()) b["check"] = check;
+    return post("/v1/heartbeat", b);
+  }
+  void tick(Duration d = 100 * kMillisecond) {
+    clock.t += d;
+    master->tick();
+  }
+  std::vector<json> events(const std::string& type) {
+    std::vector<json> out;
+    store->for_each([&](const Event& e) {
+      if (event_type_name(e.payload) == type) out.push_back(payload_to_json(e.payload));
+    });
+    return out;
+  }
+};
+
+json result(int32_t round, int64_t mflops, bool link_ok, int64_t link = 1000) {
+  json r{{"round", round}, {"compute_mflops", mflops}, {"compute_ok", true}, {"link_ok", link_ok}, {"link_mb_per_s", link_ok ? link : 0}};
+  if (!link_ok) r["error"] = "link to 127.0.0.1:1: no acknowledgement";
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the master pairs new nodes, re-pairs suspects with a node that passed, and fails a node that failed twice") {
+  Harness h(json::object());
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002), c = h.join("c", 7003);
+  h.tick();
+  // Round 1: a<->b, and the odd one out (c) measures its link to a.
+  const json qa = h.beat(a), qb = h.beat(b), qc = h.beat(c);
+  REQUIRE(qa["action"] == "check");
+  CHECK(qa["check"]["round"] == 1);
+  CHECK(qa["check"]["peer"] == b);
+  CHECK(qa["check"]["peer_port"] == 7002);
+  CHECK(qb["check"]["peer"] == a);
+  CHECK(qc["check"]["peer"] == a);
+  CHECK(qa["check"]["compute_ms"] == 500);
+  // b's network card is bad: its link to a fails, and a's to it.
+  h.beat(a, result(1, 1000, false));
+  h.beat(b, result(1, 1000, false));
+  CHECK(h.beat(c, result(1, 1000, true, 900))["action"] == "check");  // nobody trains during checks
+  h.tick();
+  auto checked = h.events("node_checked");
+  REQUIRE(checked.size() == 3);
+  CHECK(checked[0]["verdict"] == "suspect");
+  CHECK(checked[1]["verdict"] == "suspect");
+  CHECK(checked[2]["verdict"] == "passed");
+  CHECK(checked[2]["link_mb_per_s"] == 900);
+  // Round 2: both suspects measure against c, the one that passed.
+  const json ra = h.beat(a), rb = h.beat(b);
+  CHECK(ra["check"]["round"] == 2);
+  CHECK(ra["check"]["peer"] == c);
+  CHECK(rb["check"]["peer"] == c);
+  CHECK(h.beat(c)["action"] == "stop");  // checked; waits for the others
+  h.beat(a, result(2, 1000, true, 950));
+  h.beat(b, result(2, 1000, false));
+  h.tick();
+  checked = h.events("node_checked");
+  REQUIRE(checked.size() == 5);
+  CHECK(checked[3]["node"] == a);
+  CHECK(checked[3]["verdict"] == "passed");
+  CHECK(checked[4]["node"] == b);
+  CHECK(checked[4]["verdict"] == "faulty");
+  CHECK(checked[4]["detail"].get<std::string>().find("two partners") != std::string::npos);
+  // The failure goes to the recovery policy as a hardware error: relaunched, its machine excluded.
+  const auto failures = h.events("failure_observed");
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0]["node"] == b);
+  CHECK(failures[0]["reason"].get<std::string>().rfind("node check failed: ", 0) == 0);
+  const auto decided = h.events("recovery_decided");
+  REQUIRE(decided.size() == 1);
+  CHECK(decided[0]["diagnosis"] == "hardware_error");
+  CHECK(decided[0]["action"] == "relaunch_node");
+  CHECK(decided[0]["rule"].get<std::string>().find("node-check") != std::string::npos);
+  const std::vector<std::string> want = {"launch 0 1000", "launch 1 1000", "launch 2 1000", "exclude b", "terminate b",
+                                         "launch 1 1000"};
+  CHECK(h.provider.calls == want);
+  CHECK(h.beat(b)["action"] == "exit");
+
+  // The replacement is checked alone, against the fastest link that passed (a, 950 MB/s).
+  const int32_t d = h.join("d", 7004);
+  h.tick();
+  const json qd = h.beat(d);
+  REQUIRE(qd["action"] == "check");
+  CHECK(qd["check"]["peer"] == a);
+  CHECK(h.beat(a)["action"] == "stop");
+  h.beat(d, result(1, 1000, true, 800));
+  h.tick();
+  CHECK(h.events("node_checked").back()["verdict"] == "passed");
+  CHECK(h.beat(a)["action"] == "run");  // every node of the world passed: training starts
+}
+
+TEST_CASE("a wrong product is faulty at once, and a slow node is a straggler with its measured ratio") {
+  Harness h(json{{"straggler_factor", 2.0}});
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002), c = h.join("c", 7003);
+  h.tick();
+  for (int32_t n : {a, b, c}) h.beat(n);
+  h.beat(a, result(1, 1200, true));
+  json bad = result(1, 1100, true);
+  bad["compute_ok"] = false;
+  bad["error"] = "matrix product differs from the exact result at (17,42): 3.000000 instead of 2";
+  h.beat(b, bad);
+  h.beat(c, result(1, 300, true));  // a quarter of the median compute
+  h.tick();
+  const auto checked = h.events("node_checked");
+  REQUIRE(checked.size() == 3);
+  CHECK(checked[1]["verdict"] == "faulty");
+  CHECK(checked[1]["compute_ok"] == false);
+  CHECK(checked[1]["detail"].get<std::string>().find("(17,42)") != std::string::npos);
+  CHECK(checked[2]["verdict"] == "straggler");
+  CHECK(checked[2]["detail"].get<std::string>().find("1/") != std::string::npos);
+  const auto slow = h.events("slowdown_observed");
+  REQUIRE(slow.size() == 1);
+  CHECK(slow[0]["node"] == c);
+  CHECK(slow[0]["slowdown_permille"] == 4000);  // median 1200 / 300
+  CHECK(h.events("recovery_decided").front()["node"] == b);
+}
+
+TEST_CASE("a node that sends no check result within the round's timeout fails its check") {
+  Harness h(json{{"round_timeout", "5s"}, {"compute", "100ms"}}, 2);
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002);
+  h.tick();
+  h.beat(a);
+  h.beat(b);
+  h.beat(a, result(1, 1000, true));
+  h.tick(4 * kSecond);
+  CHECK(h.events("node_checked").empty());  // still waiting for b
+  h.tick(2 * kSecond);
+  const auto checked = h.events("node_checked");
+  REQUIRE(checked.size() == 2);
+  CHECK(checked[1]["node"] == b);
+  CHECK(checked[1]["verdict"] == "faulty");
+  CHECK(checked[1]["detail"] == "no check result within 00:00:05.0");
+}
+
+TEST_CASE("node_check in a job spec is strict and names the field") {
+  auto load = [](const json& c) {
+    json spec{{"job", "j"}, {"command", {"true"}}, {"total_steps", 1}, {"node_check", c}};
+    return live::job_spec_from_json(spec, "job.json", ".");
+  };
+  CHECK_FALSE(live::job_spec_from_json(json{{"job", "j"}, {"command", {"true"}}, {"total_steps", 1}}, "", ".").node_check.enabled);
+  const auto on = load(json::object());
+  CHECK(on.node_check.enabled);
+  CHECK(on.node_check.straggler_factor == 2.0);
+  CHECK(load({{"faults", {{{"slot", 1}, {"fault", "slow:3"}}}}}).node_check.faults.at(1) == "slow:3");
+  CHECK_THROWS_WITH(load({{"faults", {{{"slot", 1}, {"fault", "melt"}}}}}),
+                    doctest::Contains("job.json.node_check.faults[0]"));
+  CHECK_THROWS_WITH(load({{"straggler_factor", 1.0}}), doctest::Contains("straggler_factor"));
+  CHECK_THROWS_WITH(load({{"link_gb", 1}}), doctest::Contains("link_gb"));
+}
