@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -150,8 +151,46 @@ struct Trainer {
   int32_t code = 0, signal = 0;
   std::string reason;
   Steady::time_point exited_at;
+  int stack_signal = 0;  // the trainer dumps its own stacks on this signal (goodput.live: SIGUSR1)
   bool running() const { return pid > 0 && !exited; }
 };
+
+// The full path of an executable on PATH, or empty.
+std::string on_path(const std::string& tool) {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');)
+    if (!dir.empty() && ::access((dir + "/" + tool).c_str(), X_OK) == 0) return dir + "/" + tool;
+  return "";
+}
+
+// Runs argv with stdout and stderr into out_path; kills it after timeout_ms. True if it exited 0.
+bool run_to_file(std::vector<std::string> argv, const std::string& out_path, int timeout_ms) {
+  const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(fd);
+  if (pid < 0) return false;
+  int st = 0;
+  for (int waited = 0; ::waitpid(pid, &st, WNOHANG) == 0; waited += 20) {
+    if (waited >= timeout_ms) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
 
 std::string tail_of(const std::string& path, size_t bytes, int lines) {
   std::ifstream in(path, std::ios::binary);
@@ -500,15 +539,21 @@ class Agent {
                      rank + "/" + world + ")");
   }
 
-  // dump_stacks: first ask the trainer for its threads' stacks (goodput.live registers
-  // faulthandler on SIGUSR1; they land in its stderr log), so a hang can be diagnosed afterwards.
+  // dump_stacks: first record where the trainer's threads are, so a hang can be diagnosed
+  // afterwards: a trainer that said it dumps its own stacks on a signal (goodput.live registers
+  // faulthandler on SIGUSR1; they land in its stderr log) gets the signal; any other gets native
+  // stacks from py-spy if installed, else from gdb, into stacks-r<restart>-<pid>.txt.
   void stop_trainer(bool dump_stacks = false) {
     if (!t_.running()) return;
     if (dump_stacks) {
       ::kill(t_.pid, SIGCONT);
-      ::kill(t_.pid, SIGUSR1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      log(o_.name, "stacks of the hung trainer (pid " + std::to_string(t_.pid) + ") are in " + t_.err_path);
+      if (t_.stack_signal) {
+        ::kill(t_.pid, t_.stack_signal);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        log(o_.name, "stacks of the hung trainer (pid " + std::to_string(t_.pid) + ") are in " + t_.err_path);
+      } else {
+        dump_native_stacks();
+      }
     }
     ::kill(-t_.pid, SIGKILL);
     ::kill(-t_.pid, SIGCONT);
@@ -516,6 +561,23 @@ class Agent {
     ::waitpid(t_.pid, &st, 0);
     t_.pid = -1;
     t_.phase = "none";  // stopped on purpose: not a failure to report
+  }
+
+  void dump_native_stacks() {
+    const std::string pid = std::to_string(t_.pid);
+    const std::string out = o_.work_dir + "/stacks-r" + std::to_string(t_.restart) + "-" + pid + ".txt";
+    std::vector<std::string> argv;
+    if (const std::string py_spy = on_path("py-spy"); !py_spy.empty())
+      argv = {py_spy, "dump", "--native", "--pid", pid};
+    else if (const std::string gdb = on_path("gdb"); !gdb.empty())
+      argv = {gdb, "-batch", "-nx", "-p", pid, "-ex", "thread apply all bt"};
+    if (argv.empty()) {
+      log(o_.name, "no py-spy or gdb on PATH: no stacks of the hung trainer (pid " + pid + ")");
+      return;
+    }
+    const bool ok = run_to_file(argv, out, 30'000);
+    log(o_.name, "stacks of the hung trainer (pid " + pid + ", " + fs::path(argv[0]).filename().string() + ") are in " +
+                     out + (ok ? "" : " (the tool failed or timed out; see its output there)"));
   }
 
   // True when the trainer just exited.
@@ -579,6 +641,7 @@ class Agent {
     const std::string ev = j.value("event", "");
     if (ev == "started") {
       t_.phase = "starting";
+      if (j.value("stacks_on", std::string()) == "SIGUSR1") t_.stack_signal = SIGUSR1;
     } else if (ev == "rendezvous") {
       t_.phase = "rendezvous";
     } else if (ev == "loaded") {

@@ -66,9 +66,11 @@ class Session:
         self._shard_requests = 0    # numbered, so a retried request gets the same shard
         self._work_mark = None
         self.loaded_from = None
+        stacks = {}
         if self._progress:  # the agent sends SIGUSR1 before it kills a hung trainer: say where we are
             faulthandler.register(signal.SIGUSR1, all_threads=True)
-        self.report("started")
+            stacks = {"stacks_on": "SIGUSR1"}
+        self.report("started", **stacks)
 
     # ---- reporting ----
     def report(self, event, **fields):

@@ -8,6 +8,7 @@ import json
 import os
 import ssl
 import random
+import shutil
 import signal
 import socket
 import sqlite3
@@ -267,6 +268,27 @@ class LiveTest(unittest.TestCase):
         third = sorted(os.listdir(nodes))[-1]
         with open(os.path.join(nodes, third, "agent.log")) as f:
             self.assertIn("memory x1.5", f.read())
+
+    def test_a_hung_trainer_that_is_not_python_gets_native_stacks(self):
+        # A bash trainer (no faulthandler to ask) stopped with SIGSTOP: after hang_timeout the agent
+        # takes its stacks with gdb (py-spy where installed) before it restarts it.
+        if not shutil.which("gdb") and not shutil.which("py-spy"):
+            self.fail("gdb is not installed (scripts/install-deps.sh installs it)")
+        trainer = os.path.join(ROOT, "tests", "python", "native_trainer.sh")
+        run = LiveRun(self, spec(nodes=1, command=["/bin/bash", trainer], total_steps=120),
+                      [{"fault": "hang", "slot": 0, "at_step": 30}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        self.assertEqual([f["kind"] for f in of_type(ev, "failure_observed")], ["hang"])
+        node_dir = os.path.join(run.run_dir, "nodes", "local-0")
+        stacks = [f for f in os.listdir(node_dir) if f.startswith("stacks-r0-")]
+        self.assertEqual(len(stacks), 1, os.listdir(node_dir))
+        with open(os.path.join(node_dir, stacks[0])) as f:
+            text = f.read()
+        self.assertRegex(text, r"#0 |Thread \d+", text[-2000:])  # a backtrace of the hung process
+        with open(os.path.join(node_dir, "agent.log")) as f:
+            self.assertIn("stacks of the hung trainer", f.read())
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
     def test_a_straggler_is_measured_and_replaced_and_not_taken_for_a_hang(self):
         policy = {"name": "replace stragglers",
