@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "backends/live/job_spec.h"
 #include "backends/live/live_master.h"
@@ -89,4 +90,55 @@ TEST_CASE("the master's clock never goes back, across restarts and wall-clock ju
   const live::LiveClock normal(now - 10 * kSecond, 0);
   CHECK(normal.now() >= 10 * kSecond);
   CHECK(normal.now() < 3600 * kSecond);
+}
+
+// The whole live path in the binary this suite was built with (so under ASan+UBSan in that pass,
+// where the Python suites do not run): `goodput run`, the master, two real agent processes with
+// their node check (compute and TCP link probes), bash trainers (tests/python/native_trainer.sh),
+// a trainer SIGKILLed mid-run and restarted. Any sanitizer report in an agent fails the test.
+TEST_CASE("a live run with real agents: node check, a killed trainer, completion, and no sanitizer report") {
+  test::TempDir dir("live-agents");
+  const nlohmann::json job{{"job", "agents"},
+                           {"nodes", 2},
+                           {"command", {"/bin/bash", test::source_path("tests/python/native_trainer.sh")}},
+                           {"total_steps", 80},
+                           {"step_time", "50ms"},
+                           {"heartbeat_interval", "200ms"},
+                           {"heartbeat_timeout", "10s"},
+                           {"hang_timeout", "20s"},
+                           {"node_check", {{"compute", "100ms"}, {"link_mib", 2}}}};
+  const std::string spec = dir.write("job.json", job.dump());
+  const std::string faults = dir.write("faults.json", R"([{"fault": "kill-process", "slot": 1, "at_step": 20}])");
+  const std::string run_dir = dir.file("run");
+  const auto run = test::run_command(test::goodput_cmd("run " + spec + " --run-dir " + run_dir + " --faults " + faults));
+  REQUIRE_MESSAGE(run.exit_code == 0, run.output);
+  const auto events = test::run_command(test::goodput_cmd("report " + run_dir + "/events.db --format events"));
+  REQUIRE(events.exit_code == 0);
+  int checked = 0, failures = 0;
+  std::string finished;
+  std::istringstream lines(events.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto e = nlohmann::json::parse(line);
+    if (e["type"] == "node_checked") {
+      ++checked;
+      CHECK(e["data"]["verdict"] == "passed");
+      CHECK(e["data"]["link_ok"] == true);
+      CHECK(e["data"]["compute_ok"] == true);
+    } else if (e["type"] == "failure_observed") {
+      ++failures;
+      CHECK(e["data"]["kind"] == "process_exit");
+      CHECK(e["data"]["signal"] == 9);
+    } else if (e["type"] == "job_finished") {
+      finished = e["data"]["reason"];
+    }
+  }
+  CHECK(checked == 2);
+  CHECK(failures == 1);
+  CHECK(finished == "completed");
+  for (const auto& node : std::filesystem::directory_iterator(run_dir + "/nodes")) {
+    std::ifstream in(node.path() / "agent.log");
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK_MESSAGE(log.find("Sanitizer") == std::string::npos, log);
+    CHECK_MESSAGE(log.find("runtime error") == std::string::npos, log);
+  }
 }
