@@ -1,9 +1,12 @@
 #include "agent/agent.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -155,6 +158,21 @@ struct Trainer {
   bool running() const { return pid > 0 && !exited; }
 };
 
+// A TCP port free on this machine now, for the next rendezvous this node may host as rank 0.
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  socklen_t len = sizeof addr;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
 // The full path of an executable on PATH, or empty.
 std::string on_path(const std::string& tool) {
   const char* path = std::getenv("PATH");
@@ -305,6 +323,7 @@ class Agent {
       if (!o_.host.empty()) body["host"] = o_.host;
       if (o_.slot >= 0) body["slot"] = o_.slot;
       if (probe_server_) body["check_port"] = probe_server_->port();
+      body["rdzv_port"] = rdzv_port_;
       auto r = call("/v1/register", body, &status);
       if (r && status == 200) {
         node_ = r->value("node", -1);
@@ -347,6 +366,7 @@ class Agent {
     if (check_.valid() && check_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) check_result_ = check_.get();
     if (check_result_) out["check"] = *check_result_;
     if (probe_server_) out["check_port"] = probe_server_->port();
+    out["rdzv_port"] = rdzv_port_;
     if (!o_.host.empty()) out["host"] = o_.host;  // a master resumed from its log learns it again
     return out;
   }
@@ -474,7 +494,9 @@ class Agent {
     set("ROLE_WORLD_SIZE", world);
     set("LOCAL_WORLD_SIZE", "1");
     set("MASTER_ADDR", a.value("master_addr", std::string("127.0.0.1")));
-    set("MASTER_PORT", std::to_string(a.value("master_port", 29500)));
+    const uint16_t master_port = a.value("master_port", uint16_t{29500});
+    set("MASTER_PORT", std::to_string(master_port));
+    if (master_port == rdzv_port_) rdzv_port_ = free_port();  // taken now: offer another for the next restart
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(t.restart));
     set("TORCHELASTIC_MAX_RESTARTS", "1000000");
     set("TORCHELASTIC_RUN_ID", job + "-" + run_id);
@@ -692,6 +714,7 @@ class Agent {
   Steady::time_point last_contact_ = Steady::now();
   Persister persister_;
   std::unique_ptr<LinkProbeServer> probe_server_;
+  uint16_t rdzv_port_ = free_port();  // offered for the rendezvous store when this node is rank 0
   int32_t check_round_ = 0;  // the newest check round the master asked for
   std::future<json> check_;
   std::optional<json> check_result_;

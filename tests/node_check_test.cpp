@@ -80,8 +80,9 @@ struct Harness {
 
   explicit Harness(const json& node_check, int nodes = 3) {
     fs::remove(db);
-    json spec{{"job", "chk"}, {"nodes", nodes}, {"command", {"true"}}, {"total_steps", 10}, {"node_check", node_check},
+    json spec{{"job", "chk"}, {"nodes", nodes}, {"command", {"true"}}, {"total_steps", 10},
               {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}};
+    if (!node_check.is_null()) spec["node_check"] = node_check;
     store = std::make_unique<SqliteStore>(db.string(), SqliteStore::Mode::Create);
     master = std::make_unique<live::LiveMaster>(live::job_spec_from_json(spec, "", "."), default_policy(), *store, clock,
                                                 &provider, "tok", "run1");
@@ -102,8 +103,10 @@ struct Harness {
     REQUIRE_MESSAGE(resp.status == 200, resp.body);
     return json::parse(resp.body);
   }
-  int32_t join(const std::string& name, uint16_t port) {
-    return post("/v1/register", {{"name", name}, {"check_port", port}})["node"].get<int32_t>();
+  int32_t join(const std::string& name, uint16_t port, uint16_t rdzv_port = 0) {
+    json body{{"name", name}, {"check_port", port}};
+    if (rdzv_port) body["rdzv_port"] = rdzv_port;
+    return post("/v1/register", body)["node"].get<int32_t>();
   }
   json beat(int32_t node, const json& check = nullptr) {
     json b{{"node", node}, {"trainer", {{"restart", -1}, {"phase", "none"}}}};
@@ -256,4 +259,24 @@ TEST_CASE("node_check in a job spec is strict and names the field") {
                     doctest::Contains("job.json.node_check.faults[0]"));
   CHECK_THROWS_WITH(load({{"straggler_factor", 1.0}}), doctest::Contains("straggler_factor"));
   CHECK_THROWS_WITH(load({{"link_gb", 1}}), doctest::Contains("link_gb"));
+}
+
+TEST_CASE("the rendezvous store's port is the one rank 0's agent found free on its own machine") {
+  Harness h(nullptr, 2);  // no node check
+  const int32_t a = h.join("a", 7001, 29611), b = h.join("b", 7002, 29622);
+  h.tick();
+  const json ra = h.beat(a), rb = h.beat(b);
+  REQUIRE(ra["action"] == "run");
+  CHECK(ra["master_port"] == 29611);  // a holds slot 0
+  CHECK(rb["master_port"] == 29611);
+  CHECK(rb["rank"] == 1);
+  // The next restart takes the port rank 0 offers then (it offers a fresh one after each use).
+  json next{{"node", a}, {"rdzv_port", 29633}, {"trainer", {{"restart", 0}, {"phase", "exited"},
+                                                            {"exit", {{"code", 1}, {"signal", 0}, {"reason", "boom"}}}}}};
+  h.post("/v1/exit", next);
+  h.tick(kSecond);
+  const json again = h.beat(b);
+  REQUIRE(again["action"] == "run");
+  CHECK(again["restart"] == 1);
+  CHECK(again["master_port"] == 29633);
 }

@@ -219,8 +219,11 @@ std::vector<LiveMaster::Node*> LiveMaster::world() {
 }
 
 uint16_t LiveMaster::pick_port() const {
-  // A free port on this host for torch.distributed's store (rank 0 listens on it). The local
-  // backend runs every rank here; multi-host backends pass MASTER_ADDR of rank 0's host.
+  // The port torch.distributed's store listens on, on rank 0's machine: the one rank 0's agent
+  // found free there (it offers a new one after each use). An agent that offers none (an older
+  // one) gets a port free on the master's machine, right where every rank runs here.
+  if (world_ > 0 && slots_[0] >= 0)
+    if (const auto it = nodes_.find(slots_[0]); it != nodes_.end() && it->second.rdzv_port > 0) return it->second.rdzv_port;
   boost::asio::io_context io;
   boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::tcp::v4(), 0});
   return a.local_endpoint().port();
@@ -272,6 +275,7 @@ HttpResponse LiveMaster::on_register(const json& b, const std::string& peer_addr
   n.name = name;
   n.host = host_of(b, peer_address);
   n.check_port = static_cast<uint16_t>(std::clamp<int64_t>(field_or<int64_t>(b, "check_port", 0), 0, 65535));
+  n.rdzv_port = static_cast<uint16_t>(std::clamp<int64_t>(field_or<int64_t>(b, "rdzv_port", 0), 0, 65535));
   n.last_heartbeat = clock_.now();
   const NodeId id = n.id;
   nodes_[id] = n;
@@ -345,6 +349,8 @@ HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_add
   if (n->host.empty()) n->host = host_of(b, peer_address);
   if (const int64_t port = field_or<int64_t>(b, "check_port", 0); port > 0 && port < 65536)
     n->check_port = static_cast<uint16_t>(port);
+  if (const int64_t port = field_or<int64_t>(b, "rdzv_port", 0); port > 0 && port < 65536)
+    n->rdzv_port = static_cast<uint16_t>(port);
   if (const auto c = b.find("check"); c != b.end() && c->is_object() && n->check_round > 0 &&
                                       field_or<int64_t>(*c, "round", 0) == n->check_round) {
     Node::CheckReport r;

@@ -134,6 +134,7 @@ class LiveMaster final : public Backend, public EventSink {
     // Pre-flight check. Verdict and numbers are folded from the log (NodeChecked); the round in
     // progress is not (a resumed master checks again what had no verdict).
     uint16_t check_port = 0;     // its agent's link-probe port
+    uint16_t rdzv_port = 0;      // a free port its agent offers for the rendezvous store (as rank 0)
     std::string check_fault;     // fault drill for its check (the first node of a slot)
     std::string check_verdict;   // passed, straggler or faulty; empty: not checked yet
     std::string check_detail;
@@ -170,7 +171,7 @@ class LiveMaster final : public Backend, public EventSink {
   void judge_checks();
   void act_on_checks();
   void start_check_round(int32_t round, std::vector<NodeId> members, const std::vector<NodeId>& peers);
-  uint16_t pick_port() const;
+  uint16_t pick_port() const;  // rank 0's offered port; else one free here
 
   JobSpec spec_;
   const Clock& clock_;
