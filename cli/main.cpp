@@ -153,6 +153,9 @@ int cmd_explain(const std::string& db, const std::string& node) {
     if (known.size() > 200) known = known.substr(0, 200) + "...";
     throw BadInput(db + ": no node '" + node + "' in the log (nodes: " + known + ")");
   }
+  std::string name_of_id;  // status changes name the pod or Ray job, which is the node's name
+  for (const auto& [n, i] : ids)
+    if (i == id) name_of_id = n;
   const Time start = events.empty() ? 0 : events.front().time;
   auto at = [&](const Event& e) { return "T+" + format_duration(e.time - start) + "  #" + std::to_string(e.seq) + "  "; };
   std::cout << "Node " << node << " (id " << id << ") in " << db << "\n";
@@ -180,6 +183,8 @@ int cmd_explain(const std::string& db, const std::string& node) {
                                         (p.link_ok ? std::to_string(p.link_mb_per_s) + " MB/s" : "FAILED")
                                   : "") +
                      (p.detail.empty() ? "" : " (" + p.detail + ")");
+          } else if constexpr (std::is_same_v<T, StatusObserved>) {
+            if (p.name == name_of_id) line = p.object + " status: " + p.status;
           } else if constexpr (std::is_same_v<T, NodeReturned>) {
             if (p.node == id) line = "repaired, back in the pool of spares";
           } else if constexpr (std::is_same_v<T, RecoveryDecided>) {

@@ -136,6 +136,16 @@ struct NodeChecked {
   std::string detail;  // the comparison that led to the verdict, in words and numbers
 };
 
+// The node provider saw a cluster object it runs the job on change status: a pod (phase, where it
+// was scheduled, its containers' states), a Kubernetes node hosting one (ready or not, and why), a
+// Ray job (PENDING, RUNNING, ...). For people and audits: nothing in the job's state follows from it;
+// a failure it implies also comes as failure_observed.
+struct StatusObserved {
+  std::string object;  // "pod", "node", "ray_job"
+  std::string name;
+  std::string status;
+};
+
 struct JobFinished {
   std::string reason;  // "completed", "horizon", "gave-up", "stopped"
   int64_t step = 0;
@@ -188,7 +198,7 @@ struct RestartJob {
 using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpareNode, NodeReturned, SlowdownObserved,
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
-                                  RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked>;
+                                  RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

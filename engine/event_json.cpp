@@ -35,6 +35,7 @@ template <class F> void fields(NodeChecked& v, F&& f) {
   f("compute_ok", v.compute_ok); f("link_mb_per_s", v.link_mb_per_s); f("link_ok", v.link_ok);
   f("verdict", v.verdict); f("detail", v.detail);
 }
+template <class F> void fields(StatusObserved& v, F&& f) { f("object", v.object); f("name", v.name); f("status", v.status); }
 template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);
@@ -53,7 +54,8 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "job_started",         "node_joined",       "failure_observed", "no_spare_node",    "node_returned",
     "slowdown_observed",   "processes_started", "rendezvous_complete", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
-    "restart_job",         "shards_completed", "shards_assigned",  "node_checked"};
+    "restart_job",         "shards_completed", "shards_assigned",  "node_checked",
+    "status_observed"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",

@@ -19,6 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (auto e = goodput::kube::parse_watch_frame(text.substr(start, nl - start))) {
       (void)goodput::kube::pod_trouble(e->object);
       (void)goodput::kube::node_trouble(e->object);
+      (void)goodput::kube::pod_status(e->object);
     }
     start = nl + 1;
   }
@@ -34,6 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (j.is_discarded()) return 0;
   (void)goodput::kube::pod_trouble(j);
   (void)goodput::kube::node_trouble(j);
+  (void)goodput::kube::pod_status(j);
   try {
     (void)goodput::ray::parse_job(j, "job");
   } catch (const goodput::ray::RayError&) {

@@ -34,7 +34,8 @@ std::vector<EventPayload> one_of_each() {
           RestartJob{3, 2, 0, 800, Tier::Storage},
           ShardsCompleted{2, 900, {4, 7, 8}},
           ShardsAssigned{1, 4, {9}},
-          NodeChecked{2, 2, 0, 41'000, true, 950, false, "faulty", "link to node 0 failed in both rounds"}};
+          NodeChecked{2, 2, 0, 41'000, true, 950, false, "faulty", "link to node 0 failed in both rounds"},
+          StatusObserved{"pod", "kubetest-1-w-0", "Running on kind-worker2; trainer running"}};
 }
 }  // namespace
 

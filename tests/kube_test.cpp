@@ -60,6 +60,14 @@ TEST_CASE("a pod's status is read reason first, lastState when the container res
   CHECK(trouble("ih-pod-imagepullbackoff.yaml").find("ImagePullBackOff: Back-off pulling image") != std::string::npos);
 }
 
+TEST_CASE("a pod's status line for the log, from the fixtures' pods") {
+  CHECK(kube::pod_status(k8s("argo-pod-crashloop.yaml")).find("waiting (CrashLoopBackOff)") != std::string::npos);
+  CHECK(kube::pod_status(k8s("ih-evicted.yaml")).rfind("Failed (Evicted)", 0) == 0);
+  CHECK(kube::pod_status(k8s("ih-pod-imagepullbackoff.yaml")).find("waiting (ImagePullBackOff)") != std::string::npos);
+  CHECK(kube::pod_status(k8s("ih-oomkilled-unhealthy.yaml")).find("; oomkilled running, 9 restarts") != std::string::npos);
+  CHECK(kube::pod_status(json::object()) == "Unknown");  // nothing known: still a line, never a throw
+}
+
 TEST_CASE("the diagnosis table reads the pod reasons as the simulator's diagnosis kinds") {
   const DiagnosisTable t = DiagnosisTable::defaults();
   auto diag = [&](const std::string& fixture) {

@@ -117,6 +117,23 @@ std::optional<std::string> node_trouble(const json& node) {
   return std::nullopt;
 }
 
+std::string pod_status(const json& pod) {
+  const json& status = field(pod, "status");
+  std::string s = str(status, "phase", "Unknown");
+  if (const std::string why = str(status, "reason"); !why.empty()) s += " (" + why + ")";
+  if (const std::string node = str(field(pod, "spec"), "nodeName"); !node.empty()) s += " on " + node;
+  for (const json& cs : list(status, "containerStatuses")) {
+    const json& state = field(cs, "state");
+    s += "; " + str(cs, "name", "?");
+    if (const json& w = field(state, "waiting"); w.is_object()) s += " waiting (" + str(w, "reason", "?") + ")";
+    else if (const json& t = field(state, "terminated"); t.is_object())
+      s += " terminated (" + str(t, "reason", "?") + ", exit " + std::to_string(num(t, "exitCode")) + ")";
+    else if (field(state, "running").is_object()) s += " running";
+    if (const int64_t restarts = num(cs, "restartCount"); restarts > 0) s += ", " + std::to_string(restarts) + " restarts";
+  }
+  return s;
+}
+
 KubeNodes::KubeNodes(KubeNodesOptions options) : o_(std::move(options)), client_(o_.config) {
   ns_ = !o_.spec.namespace_.empty() ? o_.spec.namespace_ : o_.config.namespace_;
   selector_ = "goodput/run=" + dns_label(o_.run);
@@ -235,6 +252,11 @@ void KubeNodes::exclude(const std::string& name) {
     std::cerr << "goodput: kubernetes: node " << it->second.node << " excluded (pod " << name << " diagnosed with a hardware error)\n";
 }
 
+std::vector<StatusObserved> KubeNodes::status_changes() {
+  std::lock_guard lock(mu_);
+  return std::exchange(changes_, {});
+}
+
 std::vector<live::LostNode> KubeNodes::lost() {
   std::lock_guard lock(mu_);
   return std::exchange(lost_, {});
@@ -271,6 +293,11 @@ void KubeNodes::on_pod(const std::string& type, const json& pod) {
   if (it == pods_.end()) return;  // not one this master launched
   Pod& p = it->second;
   p.node = str(field(pod, "spec"), "nodeName", p.node);
+  if (const std::string st = type == "DELETED" ? "deleted" : pod_status(pod); st != p.status) {
+    p.status = st;
+    changes_.push_back({"pod", name, st});
+  }
+  if (!p.node.empty()) node_status_.try_emplace(p.node, "Ready");  // scheduled there: it was ready
   if (type == "DELETED") {
     p.ended = true;
     report(name, p, "pod " + name + " was deleted", false);
@@ -288,6 +315,10 @@ void KubeNodes::on_node(const std::string& type, const json& node) {
   const std::string name = str(field(node, "metadata"), "name");
   const auto trouble = type == "DELETED" ? std::optional<std::string>("node deleted") : node_trouble(node);
   std::lock_guard lock(mu_);
+  if (const auto it = node_status_.find(name); it != node_status_.end() && it->second != trouble.value_or("Ready")) {
+    it->second = trouble.value_or("Ready");  // only nodes our pods ran on: a big cluster's others are not ours to log
+    changes_.push_back({"node", name, it->second});
+  }
   if (!trouble) {
     bad_nodes_.erase(name);
     return;

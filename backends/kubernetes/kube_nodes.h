@@ -41,6 +41,9 @@ struct PodTrouble {
 std::optional<PodTrouble> pod_trouble(const nlohmann::json& pod);
 // Why a node can no longer run pods, if it cannot.
 std::optional<std::string> node_trouble(const nlohmann::json& node);
+// A pod's status in one line, for the log: phase, where it runs, each container's state
+// ("Running on worker-2; trainer running", "Pending; trainer waiting (ContainerCreating)").
+std::string pod_status(const nlohmann::json& pod);
 
 struct KubeNodesOptions {
   live::KubeBackendSpec spec;
@@ -62,6 +65,7 @@ class KubeNodes final : public live::NodeProvider {
   std::vector<live::LostNode> lost() override;
   void shut_down(int timeout_ms) override;
   void exclude(const std::string& name) override;
+  std::vector<StatusObserved> status_changes() override;
 
   // The pod a launch makes: its name, memory, the nodes it must keep off.
   static nlohmann::json manifest_for(const KubeNodesOptions& o, const std::string& name, int32_t slot,
@@ -73,6 +77,7 @@ class KubeNodes final : public live::NodeProvider {
     bool deleting = false;
     bool reported = false;
     bool ended = false;
+    std::string status;  // as last logged
   };
   struct Command {
     enum { Create, Delete } kind;
@@ -99,6 +104,8 @@ class KubeNodes final : public live::NodeProvider {
   std::set<std::string> bad_nodes_;       // nodes Kubernetes reports in trouble (until it reports them well)
   std::set<std::string> excluded_nodes_;  // nodes the master found bad (hardware error, failed check): for good
   std::vector<live::LostNode> lost_;
+  std::map<std::string, std::string> node_status_;  // nodes that hosted our pods -> status as last logged
+  std::vector<StatusObserved> changes_;
   int counter_ = 0;
   std::atomic<bool> quit_{false};
   std::vector<std::thread> threads_;

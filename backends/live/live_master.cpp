@@ -461,8 +461,10 @@ void LiveMaster::stop() { observe(JobFinished{"stopped", newest_step()}); }
 void LiveMaster::tick() {
   if (finished()) return;
   const Time now = clock_.now();
-  if (provider_)
+  if (provider_) {
+    for (StatusObserved& s : provider_->status_changes()) observe(std::move(s));
     for (const LostNode& lost : provider_->lost()) on_lost(lost, now);
+  }
   for (auto& [id, n] : nodes_)
     if (!n.gone && n.slot >= 0 && n.slot < world_ && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
       observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,

@@ -52,6 +52,8 @@ class NodeProvider {
   // The machine under this node is bad (a hardware diagnosis, a failed node check): place no more
   // nodes on it. Providers that do not choose machines (the local one) have nothing to do.
   virtual void exclude(const std::string& name) { (void)name; }
+  // Status changes of the cluster objects the job runs on, since the last call, for the log.
+  virtual std::vector<StatusObserved> status_changes() { return {}; }
 };
 
 // The master's clock: nanoseconds since the job started, from the log's epoch (wall clock, read

@@ -61,6 +61,11 @@ void RayNodes::terminate(const std::string& name) {
   cv_.notify_all();
 }
 
+std::vector<StatusObserved> RayNodes::status_changes() {
+  std::lock_guard lock(mu_);
+  return std::exchange(changes_, {});
+}
+
 std::vector<live::LostNode> RayNodes::lost() {
   std::lock_guard lock(mu_);
   return std::exchange(lost_, {});
@@ -207,6 +212,7 @@ void RayNodes::poll() {
       }
       const RayJob& j = *it->second;
       if (j.status == "PENDING" && t.status != "PENDING") t.pending_since = now;
+      if (j.status != t.status) changes_.push_back({"ray_job", name, j.status + " (" + j.submission_id + ")"});
       t.status = j.status;
       const auto d = dead.find(j.driver_node_id);
       if (d != dead.end()) {

@@ -46,6 +46,7 @@ class RayNodes final : public live::NodeProvider {
   void terminate(const std::string& name) override;
   std::vector<live::LostNode> lost() override;
   void shut_down(int timeout_ms) override;
+  std::vector<StatusObserved> status_changes() override;
 
   // The submission a node's name maps to (stable: a retried submit reuses it).
   std::string submission_id(const std::string& name) const;
@@ -83,6 +84,7 @@ class RayNodes final : public live::NodeProvider {
   std::deque<Command> queue_;
   std::map<std::string, Tracked> nodes_;
   std::vector<live::LostNode> lost_;
+  std::vector<StatusObserved> changes_;
   int counter_ = 0;
   bool quit_ = false;
   bool dashboard_down_ = false;

@@ -184,6 +184,15 @@ class KubeBackendTest(unittest.TestCase):
         failures = of_type(ev, "failure_observed")
         self.assertEqual([f["kind"] for f in failures], ["node_lost"], failures)
         self.assertIn(f"node {bad['node']} lost: node Ready=Unknown (NodeStatusUnknown", failures[0]["reason"])
+        # The log also tells how the cluster changed, in order: the pod running there, the node
+        # going Unknown, the replacement pod scheduled on another node.
+        status = of_type(ev, "status_observed")
+        node_changes = [x for x in status if x["object"] == "node" and x["name"] == bad["node"]]
+        self.assertTrue(node_changes and node_changes[0]["status"].startswith("node Ready=Unknown"), status)
+        ran_there = [x for x in status if x["object"] == "pod" and x["status"].startswith(f"Running on {bad['node']}")]
+        self.assertTrue(ran_there, status)
+        first_pod = ran_there[0]["name"]
+        self.assertTrue(any(x["object"] == "pod" and x["name"] == first_pod and x["status"] == "deleted" for x in status))
         self.assertEqual(decisions(ev), [("hardware_error", "relaunch_node", 1000)])
         # Detected from the node's status (the reason above), not from the 300 s toleration or the
         # heartbeat timeout: no failure was taken from a silent node.

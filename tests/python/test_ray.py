@@ -220,6 +220,10 @@ class RayBackendTest(unittest.TestCase):
         # did start took the slot it was launched for.
         self.assertEqual(of_type(ev, "no_spare_node"), [{"slot": 0}])
         self.assertEqual({j["name"]: j["slot"] for j in of_type(ev, "node_joined")}, {"ray-1": 1, "ray-2": 0})
+        # The Ray jobs' status changes are in the log too, by node name, with the submission id.
+        running = {x["name"] for x in of_type(ev, "status_observed")
+                   if x["object"] == "ray_job" and x["status"].startswith("RUNNING (goodput-")}
+        self.assertEqual(running, {"ray-1", "ray-2"})
         jobs = emu.jobs()
         held = emu.job_of("ray-0")
         self.assertEqual(held["status"], "STOPPED")
