@@ -672,8 +672,9 @@ bool LiveMaster::detect_stragglers(const std::vector<Node*>& w) {
 // fastest node already checked); a node with a wrong product is faulty at once; one whose link
 // failed is a suspect, and round 2 pairs each suspect (slowest first) with a node that passed
 // (fastest first). A suspect whose link fails again is faulty: it failed with two partners.
-// Faulty nodes become failures for the recovery policy ("node check failed" reads as a hardware
-// error: relaunched elsewhere, the machine excluded); stragglers become slowdowns with their ratio.
+// Once no round is left, faulty nodes become failures for the recovery policy ("node check failed"
+// reads as a hardware error: relaunched elsewhere, the machine excluded) and stragglers slowdowns
+// with their ratio; not before, since round 2 may need them as partners. See docs/node-check.md.
 
 bool LiveMaster::checks_pending() const {
   if (!spec_.node_check.enabled) return false;
@@ -697,7 +698,10 @@ void LiveMaster::run_checks() {
   const std::vector<Node*> w = world();
   if (w.empty()) return;  // pairs are made across the whole world: wait for it
   std::vector<NodeId> fresh, checked;
-  for (Node* n : w) (n->check_verdict.empty() ? fresh : checked).push_back(n->id);
+  for (Node* n : w) {
+    if (n->check_verdict.empty()) fresh.push_back(n->id);
+    else if (n->check_verdict != "faulty") checked.push_back(n->id);  // a partner must be one that passed
+  }
   if (fresh.empty()) return;
   std::stable_sort(checked.begin(), checked.end(),
                    [&](NodeId a, NodeId b) { return nodes_[a].check_link > nodes_[b].check_link; });
