@@ -85,6 +85,11 @@ class Persister {
     std::lock_guard lock(mu_);
     return steps_;
   }
+  // Why the newest persist failed; empty once one succeeds.
+  std::string error() {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
   void remove_memory() {
     std::lock_guard lock(mu_);
     if (options_) ckpt::FlashCheckpoint(*options_).remove_memory();
@@ -109,10 +114,12 @@ class Persister {
       ckpt::FlashCheckpoint& c = *held;
       lock.unlock();
       std::vector<int64_t> steps;
+      std::string error;
       try {
         c.persist();
       } catch (const std::exception& e) {
-        std::cerr << "agent: persist failed: " << e.what() << std::endl;
+        error = e.what();
+        std::cerr << "agent: persist failed: " << error << std::endl;
       }
       try {
         steps = c.storage_steps();
@@ -120,6 +127,7 @@ class Persister {
       }
       lock.lock();
       if (held == ckpt_) steps_ = steps;  // else a listing of the previous restart's: configure() asked anew
+      error_ = error;
       busy_ = false;
       cv_.notify_all();
     }
@@ -128,6 +136,7 @@ class Persister {
   std::condition_variable cv_;
   std::optional<ckpt::Options> options_;
   std::shared_ptr<ckpt::FlashCheckpoint> ckpt_;
+  std::string error_;
   std::vector<int64_t> steps_;
   bool wanted_ = false, busy_ = false, stop_ = false;
   std::thread thread_;
@@ -367,6 +376,7 @@ class Agent {
     if (check_result_) out["check"] = *check_result_;
     if (probe_server_) out["check_port"] = probe_server_->port();
     out["rdzv_port"] = rdzv_port_;
+    if (const std::string e = persister_.error(); !e.empty()) out["persist_error"] = e.substr(0, 1000);
     if (!o_.host.empty()) out["host"] = o_.host;  // a master resumed from its log learns it again
     return out;
   }

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 
 #include "agent/agent.h"
 #include "backends/live/http.h"
@@ -252,6 +253,7 @@ int serve(ServeOptions o) {
   auto last_print = t0;
   std::optional<std::chrono::steady_clock::time_point> finished_at;
   std::string last_line;
+  std::set<std::string> warned_persist;
   std::function<void()> tick = [&] {
     try {
       master.tick();
@@ -274,7 +276,7 @@ int serve(ServeOptions o) {
         std::cerr << "goodput: could not inject " << f.fault << ": " << e.what() << "\n";
       }
     }
-    if (!o.quiet && now - last_print >= std::chrono::seconds(1)) {
+    if (now - last_print >= std::chrono::seconds(1)) {
       last_print = now;
       const auto st = master.status();
       char line[256], loss[32] = "";
@@ -283,8 +285,13 @@ int serve(ServeOptions o) {
                     st["wall_s"].get<double>(), st["phase"].get<std::string>().c_str(),
                     static_cast<long long>(st["step"].get<int64_t>()), static_cast<long long>(spec.total_steps), loss,
                     st["restart"].get<int>(), 100 * st["goodput"].get<double>(), st["failures"].get<int>());
-      if (line != last_line) std::cerr << line << "\n";
+      if (!o.quiet && line != last_line) std::cerr << line << "\n";
       last_line = line;
+      // Checkpoints that do not reach storage are lost with the node: say so, once per reason.
+      for (const auto& n : st["nodes"])
+        if (n.contains("persist_error") && warned_persist.insert(n["persist_error"].get<std::string>()).second)
+          std::cerr << "goodput: WARNING: node " << n["name"].get<std::string>()
+                    << " cannot persist checkpoints to storage: " << n["persist_error"].get<std::string>() << "\n";
     }
     if (master.finished() && !finished_at) finished_at = now;
     // Agents learn the job is over from their next heartbeat; give them a moment to leave.

@@ -351,6 +351,7 @@ HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_add
     n->check_port = static_cast<uint16_t>(port);
   if (const int64_t port = field_or<int64_t>(b, "rdzv_port", 0); port > 0 && port < 65536)
     n->rdzv_port = static_cast<uint16_t>(port);
+  n->persist_error = field_or<std::string>(b, "persist_error", "").substr(0, 1000);
   if (const auto c = b.find("check"); c != b.end() && c->is_object() && n->check_round > 0 &&
                                       field_or<int64_t>(*c, "round", 0) == n->check_round) {
     Node::CheckReport r;
@@ -883,6 +884,7 @@ nlohmann::ordered_json LiveMaster::status() const {
                                                        : n.check_verdict},
                      {"trainer", {{"restart", n.trainer.restart}, {"phase", n.trainer.phase}, {"pid", n.trainer.pid},
                                   {"step", n.trainer.step}, {"work_median_s", n.trainer.work_median_s}}}});
+    if (!n.persist_error.empty()) nodes.back()["persist_error"] = n.persist_error;
   }
   return out;
 }

@@ -137,6 +137,7 @@ class LiveMaster final : public Backend, public EventSink {
     // progress is not (a resumed master checks again what had no verdict).
     uint16_t check_port = 0;     // its agent's link-probe port
     uint16_t rdzv_port = 0;      // a free port its agent offers for the rendezvous store (as rank 0)
+    std::string persist_error;   // why its agent's newest persist to storage failed; empty: it did not
     std::string check_fault;     // fault drill for its check (the first node of a slot)
     std::string check_verdict;   // passed, straggler or faulty; empty: not checked yet
     std::string check_detail;

@@ -355,6 +355,27 @@ class LiveTest(unittest.TestCase):
         self.assertIn("checked (round 2): faulty", out)
         self.assertIn("node check failed", out)
 
+    def test_storage_that_cannot_be_written_costs_persistence_not_the_job(self):
+        # The checkpoint storage path cannot be created (its parent is a device file: root can
+        # write anywhere else). Training goes on on memory checkpoints, a killed trainer still
+        # restores from memory, and the failure is named: in the agents' logs, in /status and as a
+        # warning of `goodput run`; the report shows nothing was persisted.
+        run = LiveRun(self, spec(total_steps=120, storage_dir="/dev/null/ckpt"),
+                      [{"fault": "kill-process", "slot": 1, "at_step": 70}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        self.assertEqual(of_type(ev, "checkpoint_persisted"), [])
+        loaded = [l for l in of_type(ev, "checkpoint_loaded") if l["step"] > 0]
+        self.assertEqual([l["tier"] for l in loaded], ["memory"], loaded)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        self.assertIn("cannot persist checkpoints to storage: /dev/null/ckpt/step-", run.stderr)
+        logs = ""
+        for name in os.listdir(os.path.join(run.run_dir, "nodes")):
+            with open(os.path.join(run.run_dir, "nodes", name, "agent.log")) as f:
+                logs += f.read()
+        self.assertIn("persist failed: /dev/null/ckpt/step-", logs)
+        self.assertIn("Not a directory", logs)
+
     def test_master_killed_mid_run_resumes_from_its_log(self):
         run = LiveRun(self, spec(total_steps=200, data_shards=400))
         proc = run.start()
