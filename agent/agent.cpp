@@ -393,6 +393,11 @@ class Agent {
       for (const auto& f : a["inject"]) inject(f.get<std::string>());
     const std::string action = a.value("action", "stop");
     if (action == "exit") return Beat::Exit;
+    if (probe_server_ && a.contains("check_collective") && a["check_collective"].is_object()) {
+      collective_argv_ = a["check_collective"].value("argv", std::vector<std::string>{});
+      collective_env_ = a["check_collective"].value("env", std::vector<std::string>{});
+      probe_server_->set_collective(collective_argv_, collective_env_);
+    }
     if (action == "check") {
       stop_trainer();
       start_check(a.value("check", json::object()));
@@ -418,7 +423,8 @@ class Agent {
     const std::string fault = c.value("fault", "");
     if (fault == "link-down" && probe_server_) probe_server_->set_down(true);
     log(o_.name, "node check, round " + std::to_string(round) + (fault.empty() ? "" : " (fault drill: " + fault + ")"));
-    check_ = std::async(std::launch::async, [c, round, fault, token = o_.token]() -> json {
+    check_ = std::async(std::launch::async, [c, round, fault, token = o_.token, argv = collective_argv_,
+                                             env = collective_env_]() -> json {
      try {
       double slow = 1;
       if (fault.rfind("slow:", 0) == 0) slow = std::stod(fault.substr(5));
@@ -431,8 +437,12 @@ class Agent {
           lr.ok = false;
           lr.error = "link down (fault drill)";
         } else {
-          lr = link_probe(c["peer_host"].get<std::string>(), c.value("peer_port", uint16_t{0}), token,
-                          c.value("link_bytes", int64_t{1} << 20), std::chrono::milliseconds(c.value("timeout_ms", 20000)));
+          const std::string host = c["peer_host"].get<std::string>();
+          const uint16_t port = c.value("peer_port", uint16_t{0});
+          const int64_t bytes = c.value("link_bytes", int64_t{1} << 20);
+          const std::chrono::milliseconds timeout(c.value("timeout_ms", 20000));
+          lr = c.value("collective", false) ? collective_probe(host, port, token, bytes, timeout, argv, env)
+                                            : link_probe(host, port, token, bytes, timeout);
         }
         out["link_mb_per_s"] = lr.mb_per_s;
         out["link_ok"] = lr.ok;
@@ -726,6 +736,7 @@ class Agent {
   std::unique_ptr<LinkProbeServer> probe_server_;
   uint16_t rdzv_port_ = free_port();  // offered for the rendezvous store when this node is rank 0
   int32_t check_round_ = 0;  // the newest check round the master asked for
+  std::vector<std::string> collective_argv_, collective_env_;  // the collective probe's program
   std::future<json> check_;
   std::optional<json> check_result_;
 };

@@ -6,10 +6,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <Eigen/Dense>
+#include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -18,6 +21,8 @@
 #include <memory>
 #include <stdexcept>
 #include <vector>
+
+extern char** environ;
 
 namespace goodput::agent {
 
@@ -70,6 +75,7 @@ ComputeResult compute_probe(std::chrono::milliseconds duration, double work_fact
 namespace {
 
 constexpr char kMagic[4] = {'G', 'P', 'L', 'P'};
+constexpr char kCollectiveMagic[4] = {'G', 'P', 'L', 'G'};
 constexpr size_t kDigest = 32;
 
 std::string probe_digest(const std::string& token) {
@@ -136,6 +142,74 @@ uint64_t get_u64(const char* in) {
 
 constexpr int64_t kMaxProbeBytes = int64_t{1} << 32;  // a client cannot make the server read forever
 
+uint16_t free_port() {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  socklen_t len = sizeof addr;
+  if (s.fd < 0 || ::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    return 0;
+  return ntohs(addr.sin_port);
+}
+
+// A program started in its own process group, its stdout on a pipe (stderr stays the agent's, so
+// its complaints land in the agent's log).
+struct Program {
+  pid_t pid = -1;
+  int out = -1;
+};
+
+Program spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env_add) {
+  Program p;
+  int fds[2];
+  if (argv.empty() || ::pipe2(fds, O_CLOEXEC) != 0) return p;
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  for (const std::string& kv : env_add) {
+    const std::string key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(env, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
+    env.push_back(kv);
+  }
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  p.pid = ::fork();
+  if (p.pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(fds[1], 1);
+    ::execve(args[0], args.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  if (p.pid < 0) {
+    ::close(fds[0]);
+    return p;
+  }
+  p.out = fds[0];
+  return p;
+}
+
+// Its stdout until it exits or the deadline passes (then its group is killed).
+std::string finish(Program& p, Clock::time_point deadline) {
+  std::string out;
+  if (p.pid < 0) return out;
+  char buf[4096];
+  while (wait_for(p.out, POLLIN, deadline)) {
+    const ssize_t r = ::read(p.out, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    if (out.size() < (1 << 16)) out.append(buf, static_cast<size_t>(r));
+  }
+  ::close(p.out);
+  ::kill(-p.pid, SIGKILL);  // done, or out of time: nothing of it may linger
+  ::waitpid(p.pid, nullptr, 0);
+  p.pid = -1;
+  return out;
+}
+
 }  // namespace
 
 LinkProbeServer::LinkProbeServer(const std::string& token) : digest_(probe_digest(token)) {
@@ -172,11 +246,14 @@ void LinkProbeServer::serve() {
     if (down_) continue;  // closed unanswered
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     char head[4 + kDigest + 8];
-    if (!read_all(c, head, sizeof head, deadline) || std::memcmp(head, kMagic, 4) != 0 ||
-        std::string(head + 4, kDigest) != digest_)
-      continue;
+    const bool collective = read_all(c, head, sizeof head, deadline) && std::memcmp(head, kCollectiveMagic, 4) == 0;
+    if ((!collective && std::memcmp(head, kMagic, 4) != 0) || std::string(head + 4, kDigest) != digest_) continue;
     const uint64_t want = get_u64(head + 4 + kDigest);
     if (want > static_cast<uint64_t>(kMaxProbeBytes)) continue;
+    if (collective) {
+      serve_collective(c, static_cast<int64_t>(want));
+      continue;
+    }
     uint64_t got = 0;
     while (got < want && !quit_) {
       if (!wait_for(c, POLLIN, deadline)) break;
@@ -191,6 +268,125 @@ void LinkProbeServer::serve() {
   }
 }
 
+void LinkProbeServer::set_collective(std::vector<std::string> argv, std::vector<std::string> env) {
+  std::lock_guard lock(mu_);
+  collective_argv_ = std::move(argv);
+  collective_env_ = std::move(env);
+}
+
+void LinkProbeServer::serve_collective(int conn, int64_t bytes) {
+  std::vector<std::string> argv, env;
+  // The master tells every agent the program with its heartbeat answers; a partner may be asked
+  // before its next heartbeat brought it: give it a moment.
+  for (int i = 0; i < 60 && argv.empty() && !quit_; ++i) {
+    {
+      std::lock_guard lock(mu_);
+      argv = collective_argv_;
+      env = collective_env_;
+    }
+    if (argv.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const uint16_t port = free_port();
+  if (argv.empty() || port == 0) return;  // closed unanswered: the client reports it
+  for (const std::string& a : {std::string("--rank"), std::string("0"), std::string("--addr"), std::string("127.0.0.1"),
+                               std::string("--port"), std::to_string(port), std::string("--bytes"), std::to_string(bytes),
+                               std::string("--timeout"), std::string("20")})
+    argv.push_back(a);
+  Program p = spawn(argv, env);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  const char answer[2] = {static_cast<char>(port >> 8), static_cast<char>(port & 0xff)};
+  if (p.pid > 0) write_all(conn, answer, sizeof answer, deadline);
+  finish(p, deadline);
+}
+
+namespace {
+
+// Connects to host:port before the deadline; on failure returns -1 with the reason in `why`.
+int connect_to(const std::string& host, uint16_t port, Clock::time_point deadline, std::string& why) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (const int e = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); e != 0) {
+    why = std::string("cannot resolve: ") + ::gai_strerror(e);
+    return -1;
+  }
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    why = std::string("socket: ") + std::strerror(errno);
+    return -1;
+  }
+  int err = 0;
+  if (::connect(fd, res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    err = errno;
+  } else if (!wait_for(fd, POLLOUT, deadline)) {
+    why = "connect timed out";
+  } else {
+    socklen_t len = sizeof err;
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  }
+  if (err != 0) why = std::string("connect: ") + std::strerror(err);
+  if (!why.empty()) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+LinkResult collective_probe(const std::string& host, uint16_t port, const std::string& token, int64_t bytes,
+                            std::chrono::milliseconds timeout, const std::vector<std::string>& program,
+                            const std::vector<std::string>& env) {
+  LinkResult r;
+  auto fail = [&](const std::string& why) {
+    r.ok = false;
+    r.error = "collective with " + host + ":" + std::to_string(port) + ": " + why;
+    return r;
+  };
+  if (program.empty()) return fail("no collective probe program");
+  if (bytes <= 0 || bytes > kMaxProbeBytes) return fail("probe size out of range");
+  const auto deadline = Clock::now() + timeout;
+  std::string why;
+  Fd s(connect_to(host, port, deadline, why));
+  if (s.fd < 0) return fail(why);
+  std::string head(kCollectiveMagic, 4);
+  head += probe_digest(token);
+  char count[8];
+  put_u64(count, static_cast<uint64_t>(bytes));
+  head.append(count, 8);
+  char answer[2];
+  if (!write_all(s.fd, head.data(), head.size(), deadline) || !read_all(s.fd, answer, sizeof answer, deadline))
+    return fail("the peer started no rank 0");
+  const uint16_t store = static_cast<uint16_t>((static_cast<unsigned char>(answer[0]) << 8) | static_cast<unsigned char>(answer[1]));
+  std::vector<std::string> argv = program;
+  const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now()).count();
+  for (const std::string& a : {std::string("--rank"), std::string("1"), std::string("--addr"), host, std::string("--port"),
+                               std::to_string(store), std::string("--bytes"), std::to_string(bytes), std::string("--timeout"),
+                               std::to_string(std::max<int64_t>(left - 1, 1))})
+    argv.push_back(a);
+  Program p = spawn(argv, env);
+  if (p.pid < 0) return fail("cannot start " + program.front() + ": " + std::strerror(errno));
+  const std::string out = finish(p, deadline);
+  std::string last;
+  for (size_t start = 0; start < out.size();) {
+    const size_t nl = out.find('\n', start);
+    const std::string line = out.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+    if (!line.empty()) last = line;
+    if (nl == std::string::npos) break;
+    start = nl + 1;
+  }
+  try {
+    const auto j = nlohmann::json::parse(last);
+    if (!j.value("ok", false)) return fail(j.value("error", std::string("failed")));
+    r.mb_per_s = j.value("mb_per_s", int64_t{0});
+    return r;
+  } catch (const std::exception&) {
+    return fail(last.empty() ? "the probe program printed no result" : "the probe program printed '" + last.substr(0, 200) + "'");
+  }
+}
+
 LinkResult link_probe(const std::string& host, uint16_t port, const std::string& token, int64_t bytes,
                       std::chrono::milliseconds timeout) {
   LinkResult r;
@@ -201,22 +397,9 @@ LinkResult link_probe(const std::string& host, uint16_t port, const std::string&
   };
   if (bytes <= 0 || bytes > kMaxProbeBytes) return fail("probe size out of range");
   const auto deadline = Clock::now() + timeout;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (const int e = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); e != 0)
-    return fail(std::string("cannot resolve: ") + ::gai_strerror(e));
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
-  Fd s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (s.fd < 0) return fail(std::string("socket: ") + std::strerror(errno));
-  if (::connect(s.fd, res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS)
-    return fail(std::string("connect: ") + std::strerror(errno));
-  if (!wait_for(s.fd, POLLOUT, deadline)) return fail("connect timed out");
-  int err = 0;
-  socklen_t len = sizeof err;
-  ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  if (err != 0) return fail(std::string("connect: ") + std::strerror(err));
+  std::string why;
+  Fd s(connect_to(host, port, deadline, why));
+  if (s.fd < 0) return fail(why);
   const auto start = Clock::now();
   std::string head(kMagic, 4);
   head += probe_digest(token);

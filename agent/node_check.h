@@ -6,8 +6,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace goodput::agent {
 
@@ -43,11 +45,19 @@ class LinkProbeServer {
   uint16_t port() const { return port_; }
   // A broken network card (fault injection): connections are closed at once, unanswered.
   void set_down(bool down) { down_ = down; }
+  // The collective probe's program (argv, and KEY=VALUE entries added to this process's
+  // environment). A "GPLG" probe starts it as rank 0 on a free port, answers that port (2 bytes,
+  // big-endian), and waits for it to finish. Without one, such a probe is closed unanswered.
+  void set_collective(std::vector<std::string> argv, std::vector<std::string> env);
 
  private:
   void serve();
 
+  void serve_collective(int conn, int64_t bytes);
+
   std::string digest_;
+  std::mutex mu_;
+  std::vector<std::string> collective_argv_, collective_env_;
   int fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> down_{false};
@@ -58,5 +68,12 @@ class LinkProbeServer {
 // Sends `bytes` to a LinkProbeServer at host:port and waits for its acknowledgement.
 LinkResult link_probe(const std::string& host, uint16_t port, const std::string& token, int64_t bytes,
                       std::chrono::milliseconds timeout);
+
+// The collective probe (PyTorch jobs): asks the LinkProbeServer at host:port to start the program
+// as rank 0, then runs it here as rank 1 against it (`--rank --addr --port --bytes --timeout` are
+// appended); its last stdout line is {"ok": ..., "mb_per_s": ..., "error": ...}.
+LinkResult collective_probe(const std::string& host, uint16_t port, const std::string& token, int64_t bytes,
+                            std::chrono::milliseconds timeout, const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env);
 
 }  // namespace goodput::agent

@@ -52,6 +52,22 @@ TEST_CASE("the link probe moves real bytes over TCP and fails for a wrong token,
   CHECK(refused.error.find("connect") != std::string::npos);
 }
 
+TEST_CASE("the collective probe all-reduces through real torch.distributed (gloo) between two agents' sides") {
+  // The program is the shipped goodput.collective_probe under Debian's python3-torch.
+  const std::vector<std::string> program = {"/usr/bin/python3", "-m", "goodput.collective_probe"};
+  const std::vector<std::string> env = {"PYTHONPATH=" + std::string(GOODPUT_SOURCE_DIR) + "/python", "OMP_NUM_THREADS=1"};
+  agent::LinkProbeServer server("job-token");
+  server.set_collective(program, env);
+  const auto ok = agent::collective_probe("127.0.0.1", server.port(), "job-token", 1 << 20, std::chrono::seconds(60), program, env);
+  CHECK_MESSAGE(ok.ok, ok.error);
+  CHECK(ok.mb_per_s > 0);
+  // A peer whose network is down answers nothing: the probe fails and says with whom.
+  server.set_down(true);
+  const auto down = agent::collective_probe("127.0.0.1", server.port(), "job-token", 1 << 20, std::chrono::seconds(20), program, env);
+  CHECK_FALSE(down.ok);
+  CHECK(down.error.find("collective with 127.0.0.1:") == 0);
+}
+
 namespace {
 
 struct ManualClock final : Clock {

@@ -124,6 +124,12 @@ NodeCheckSpec node_check_from_json(const nlohmann::json& j, const std::string& w
   c.straggler_factor = r.number("straggler_factor", c.straggler_factor, 1.05, 1000);
   c.round_timeout = r.duration("round_timeout", c.round_timeout);
   if (c.round_timeout < c.compute + kSecond) r.fail("round_timeout", "must be at least compute + 1s");
+  if (const nlohmann::json* col = r.child("collective")) {
+    if (!col->is_array() || col->empty() ||
+        !std::all_of(col->begin(), col->end(), [](const nlohmann::json& x) { return x.is_string(); }))
+      r.fail("collective", "must be the probe program's argv, e.g. [\"/usr/bin/python3\", \"-m\", \"goodput.collective_probe\"]");
+    for (const auto& a : *col) c.collective.push_back(a.get<std::string>());
+  }
   if (const nlohmann::json* f = r.child("faults")) {
     if (!f->is_array()) r.fail("faults", "must be a list of {\"slot\": N, \"fault\": ...}");
     for (size_t i = 0; i < f->size(); ++i) {

@@ -62,6 +62,10 @@ struct NodeCheckSpec {
   int64_t link_bytes = 32 << 20;          // bytes the link probe sends ("link_mib")
   double straggler_factor = 2.0;          // slower than the median by this much: a straggler
   Duration round_timeout = 60 * kSecond;  // a node that reports no result in this time fails its round
+  // The link probe as the job's traffic goes: a program run on both nodes of a pair (for PyTorch
+  // jobs: /usr/bin/python3 -m goodput.collective_probe, a gloo all_reduce), with the job's env.
+  // Empty: a plain TCP transfer between the agents.
+  std::vector<std::string> collective;
   // Fault drills: the first node to take a slot gets this fault in its check ("corrupt": wrong
   // products; "link-down": its link probes fail and it refuses its partners'; "slow:F": its compute
   // probe does F times the work).

@@ -298,6 +298,11 @@ json LiveMaster::assignment(const Node& n) const {
   } else if (n.slot >= 0 && n.slot < world_ && checks_pending()) {
     // Nobody trains until every node of the world has passed its check.
     out["action"] = "stop";
+    if (!spec_.node_check.collective.empty()) {  // every node may be asked to host a pair's rank 0
+      json env = json::array();
+      for (const auto& [k, v] : spec_.env) env.push_back(k + "=" + v);
+      out["check_collective"] = {{"argv", spec_.node_check.collective}, {"env", env}};
+    }
     if (n.check_round > 0 && n.check_verdict.empty()) {
       out["action"] = "check";
       json c{{"round", n.check_round},
@@ -310,6 +315,7 @@ json LiveMaster::assignment(const Node& n) const {
         c["peer_port"] = p->second.check_port;
       }
       if (!n.check_fault.empty()) c["fault"] = n.check_fault;
+      if (!spec_.node_check.collective.empty()) c["collective"] = true;
       out["check"] = c;
     }
   } else if (n.slot < 0 || n.slot >= world_ || s.restart_jobs() == 0 || s.phase() == Phase::Scheduling ||

@@ -269,6 +269,29 @@ class LiveTest(unittest.TestCase):
         with open(os.path.join(nodes, third, "agent.log")) as f:
             self.assertIn("memory x1.5", f.read())
 
+    def test_the_node_check_can_probe_links_with_a_gloo_all_reduce(self):
+        # For a PyTorch job the link probe is the job's own kind of traffic: each pair of agents
+        # runs goodput.collective_probe (torch.distributed, gloo) as ranks 0 and 1. Slot 1's link
+        # is down: its partner's all_reduce with it fails, and so does its own with a second partner.
+        check = {"compute": "200ms", "link_mib": 4,
+                 "collective": ["/usr/bin/python3", "-m", "goodput.collective_probe"],
+                 "faults": [{"slot": 1, "fault": "link-down"}]}
+        run = LiveRun(self, spec(nodes=3, node_check=check, total_steps=40))
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        joined = {j["node"]: j for j in of_type(ev, "node_joined")}
+        checked = of_type(ev, "node_checked")
+        passed = [c for c in checked if c["verdict"] == "passed"]
+        self.assertTrue(all(c["link_mb_per_s"] > 0 for c in passed), checked)
+        faulty = [c for c in checked if c["verdict"] == "faulty"]
+        self.assertEqual([joined[c["node"]]["slot"] for c in faulty], [1], checked)
+        # Slot 0 failed its all_reduce with slot 1 in round 1 (the error is the collective's) and
+        # cleared itself with another partner in round 2.
+        zero = [c for c in checked if joined[c["node"]]["slot"] == 0]
+        self.assertEqual([c["verdict"] for c in zero][:2], ["suspect", "passed"], checked)
+        self.assertIn("collective with 127.0.0.1:", zero[0]["detail"])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_a_hung_trainer_that_is_not_python_gets_native_stacks(self):
         # A bash trainer (no faulthandler to ask) stopped with SIGSTOP: after hang_timeout the agent
         # takes its stacks with gdb (py-spy where installed) before it restarts it.
