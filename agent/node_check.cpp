@@ -49,8 +49,15 @@ ComputeResult compute_probe(std::chrono::milliseconds duration, double work_fact
   ComputeResult r;
   int64_t counted = 0;
   double owed = 0;  // extra products still to do (work_factor)
-  const auto start = Clock::now();
-  const auto until = start + duration;
+  // The rate is per CPU second of this thread: a machine's arithmetic, not how busy its scheduler
+  // is (agents share a machine in tests; a neighbour's load is the runtime straggler check's job).
+  auto cpu_seconds = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  };
+  const double cpu_start = cpu_seconds();
+  const auto until = Clock::now() + duration;
   do {
     c.noalias() = a * b;
     for (owed += std::max(work_factor, 1.0) - 1; owed >= 1; owed -= 1) c.noalias() = a * b;
@@ -65,7 +72,7 @@ ComputeResult compute_probe(std::chrono::milliseconds duration, double work_fact
           break;
         }
   } while (r.ok && Clock::now() < until);
-  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  const double s = cpu_seconds() - cpu_start;
   r.mflops = static_cast<int64_t>(2.0 * n * n * n * static_cast<double>(counted) / std::max(s, 1e-9) / 1e6);
   return r;
 }

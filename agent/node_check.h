@@ -14,7 +14,7 @@
 namespace goodput::agent {
 
 struct ComputeResult {
-  int64_t mflops = 0;
+  int64_t mflops = 0;  // per CPU second of the probing thread
   bool ok = true;
   std::string error;  // the first wrong element, when !ok
 };

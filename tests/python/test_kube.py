@@ -209,7 +209,7 @@ class KubeBackendTest(unittest.TestCase):
         # affinity NotIn), so the replacement runs on the third node although the bad one is Ready.
         emu = Emulator(self, nodes=3)
         run = LiveRun(self, kube_spec(emu, total_steps=60,
-                                      node_check={"compute": "300ms", "link_mib": 4,
+                                      node_check={"compute": "300ms", "link_mib": 4, "straggler_factor": 50,
                                                   "faults": [{"slot": 1, "fault": "corrupt"}]}))
         seen = {}
 

@@ -273,7 +273,7 @@ class LiveTest(unittest.TestCase):
         # For a PyTorch job the link probe is the job's own kind of traffic: each pair of agents
         # runs goodput.collective_probe (torch.distributed, gloo) as ranks 0 and 1. Slot 1's link
         # is down: its partner's all_reduce with it fails, and so does its own with a second partner.
-        check = {"compute": "200ms", "link_mib": 4,
+        check = {"compute": "200ms", "link_mib": 4, "straggler_factor": 50,  # not about stragglers
                  "collective": ["/usr/bin/python3", "-m", "goodput.collective_probe"],
                  "faults": [{"slot": 1, "fault": "link-down"}]}
         run = LiveRun(self, spec(nodes=3, node_check=check, total_steps=40))
@@ -354,7 +354,8 @@ class LiveTest(unittest.TestCase):
         bad = faulty[0]["node"]
         self.assertEqual(len(by_slot(1, "suspect")), 1, checked)
         # Its round-1 partner (slot 0) was a suspect too, and cleared itself in round 2.
-        self.assertTrue(any(c["round"] == 2 and c["verdict"] == "passed" for c in checked if joined[c["node"]]["slot"] == 0), checked)
+        self.assertTrue(any(c["round"] == 2 and c["verdict"] in ("passed", "straggler") and c["link_ok"]
+                            for c in checked if joined[c["node"]]["slot"] == 0), checked)
         decided = {d["node"]: d for d in of_type(ev, "recovery_decided")}
         self.assertEqual((decided[bad]["diagnosis"], decided[bad]["action"]), ("hardware_error", "relaunch_node"))
         # Slot 2: a straggler, with its measured ratio as the evidence; replaced by the policy.
@@ -364,10 +365,11 @@ class LiveTest(unittest.TestCase):
         ratio = [s for s in of_type(ev, "slowdown_observed") if s["node"] == slow[0]["node"]]
         self.assertGreaterEqual(ratio[0]["slowdown_permille"], 2000, ratio)
         self.assertEqual(decided[slow[0]["node"]]["diagnosis"], "straggler")
-        # The replacements were checked and passed; only then did trainers start, and the job completed.
+        # The replacements were checked (a link between agents sharing 2 busy cores may read slow,
+        # so not necessarily "passed", but never faulty); only then did trainers start.
         for n in (bad, slow[0]["node"]):
             again = [c for c in checked if joined[c["node"]]["slot"] == joined[n]["slot"] and c["node"] != n]
-            self.assertTrue(again and again[-1]["verdict"] == "passed", checked)
+            self.assertTrue(again and again[-1]["verdict"] in ("passed", "straggler"), checked)
         seqs = [e["seq"] for e in ev if e["type"] == "node_checked"]
         started = [e["seq"] for e in ev if e["type"] == "processes_started"]
         self.assertLess(max(seqs), min(started))
