@@ -146,7 +146,7 @@ int cmd_explain(const std::string& db, const std::string& node) {
   });
   NodeId id = -1;
   if (auto it = ids.find(node); it != ids.end()) id = it->second;
-  else if (!node.empty() && node.find_first_not_of("0123456789") == std::string::npos) id = std::stoi(node);
+  else if (!node.empty() && node.size() < 10 && node.find_first_not_of("0123456789") == std::string::npos) id = std::stoi(node);
   if (id < 0) {
     std::string known;
     for (const auto& [name, _] : ids) known += (known.empty() ? "" : ", ") + name;

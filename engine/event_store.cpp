@@ -91,9 +91,11 @@ void SqliteStore::open(Mode mode) {
       version = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
     if (version == -1) fail("is not a readable SQLite database");
+    // Not SQLite's errors: its message would be "not an error".
+    if (version == 0) throw StoreError(path + ": is not a Goodput event log (an empty file or another SQLite database)");
     if (version != kSchemaVersion)
-      fail("has event-log schema version " + std::to_string(version) + ", this build reads version " +
-           std::to_string(kSchemaVersion));
+      throw StoreError(path + ": has event-log schema version " + std::to_string(version) + ", this build reads version " +
+                       std::to_string(kSchemaVersion));
     if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(seq),0) FROM events", -1, &st, nullptr) != SQLITE_OK)
       fail("is not a Goodput event log");
     if (sqlite3_step(st) == SQLITE_ROW) last_seq_ = static_cast<uint64_t>(sqlite3_column_int64(st, 0));

@@ -204,6 +204,10 @@ TEST_CASE("the master pairs new nodes, re-pairs suspects with a node that passed
                                          "launch 1 1000"};
   CHECK(h.provider.calls == want);
   CHECK(h.beat(b)["action"] == "exit");
+  const std::string metrics = h.master->metrics();
+  CHECK(metrics.find("goodput_node_checks_total{verdict=\"suspect\"} 2\n") != std::string::npos);
+  CHECK(metrics.find("goodput_node_checks_total{verdict=\"faulty\"} 1\n") != std::string::npos);
+  CHECK(metrics.find("goodput_node_checks_total{verdict=\"passed\"} 2\n") != std::string::npos);
 
   // The replacement is checked alone, against the fastest link that passed (a, 950 MB/s).
   const int32_t d = h.join("d", 7004);

@@ -76,6 +76,10 @@ TEST_CASE("a log that is not ours, or from another schema version, is refused wi
   sqlite3_close(db);
   CHECK_THROWS_WITH_AS(SqliteStore(dir.file("v9.db"), SqliteStore::Mode::OpenReadOnly),
                        doctest::Contains("schema version 9"), StoreError);
+  // An empty file, or a SQLite database that is not ours: said so, without SQLite's "not an error".
+  const std::string empty = dir.write("empty.db", "");
+  CHECK_THROWS_WITH_AS(SqliteStore(empty, SqliteStore::Mode::OpenReadOnly),
+                       (empty + ": is not a Goodput event log (an empty file or another SQLite database)").c_str(), StoreError);
 }
 
 TEST_CASE("a damaged row is reported with its sequence number, not loaded silently") {

@@ -138,6 +138,7 @@ void LiveMaster::append(const Event& e) {
         } else if constexpr (std::is_same_v<T, ShardsAssigned>) {
           last_assigned_[p.node] = p;
         } else if constexpr (std::is_same_v<T, NodeChecked>) {
+          ++check_verdicts_[p.verdict];
           Node& n = nodes_[p.node];
           n.check_mflops = p.compute_mflops;
           if (p.link_ok && p.peer >= 0) n.check_link = p.link_mb_per_s;
@@ -942,7 +943,13 @@ std::string LiveMaster::metrics() const {
     << "goodput_nodes{state=\"spare\"} " << spare << "\n"
     << "# HELP goodput_step Newest training step any trainer reported.\n# TYPE goodput_step gauge\n"
     << "goodput_step " << newest_step() << "\n"
-    << "# HELP goodput_api_unauthorized_total Agent API requests refused for a missing or wrong token.\n"
+    << "# HELP goodput_node_checks_total Node check results (one per node and round), by verdict.\n"
+    << "# TYPE goodput_node_checks_total counter\n";
+  for (const char* v : {"passed", "suspect", "faulty", "straggler"}) {
+    const auto it = check_verdicts_.find(v);
+    o << "goodput_node_checks_total{verdict=\"" << v << "\"} " << (it == check_verdicts_.end() ? 0 : it->second) << "\n";
+  }
+  o << "# HELP goodput_api_unauthorized_total Agent API requests refused for a missing or wrong token.\n"
     << "# TYPE goodput_api_unauthorized_total counter\n"
     << "goodput_api_unauthorized_total " << unauthorized_ << "\n";
   return o.str();

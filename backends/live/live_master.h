@@ -208,6 +208,7 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t unauthorized_ = 0;
   std::map<NodeId, int32_t> straggler_permille_;  // the slowdown last reported per node
   std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart
+  std::map<std::string, int64_t> check_verdicts_;  // node_checked events by verdict, for /metrics
   std::set<int32_t> slots_seen_;          // slots some node has joined (a check's fault drill goes to the first)
   int32_t check_round_ = 0;               // the check round in progress (0: none)
   Time check_deadline_ = 0;
