@@ -1,12 +1,9 @@
 #include "agent/agent.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +28,7 @@
 
 #include "agent/checkpoint/flash_checkpoint.h"
 #include "agent/node_check.h"
+#include "agent/program.h"
 #include "backends/live/http.h"
 
 extern char** environ;
@@ -167,21 +165,6 @@ struct Trainer {
   bool running() const { return pid > 0 && !exited; }
 };
 
-// A TCP port free on this machine now, for the next rendezvous this node may host as rank 0.
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  socklen_t len = sizeof addr;
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
-
 // The full path of an executable on PATH, or empty.
 std::string on_path(const std::string& tool) {
   const char* path = std::getenv("PATH");
@@ -191,33 +174,6 @@ std::string on_path(const std::string& tool) {
   return "";
 }
 
-// Runs argv with stdout and stderr into out_path; kills it after timeout_ms. True if it exited 0.
-bool run_to_file(std::vector<std::string> argv, const std::string& out_path, int timeout_ms) {
-  const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(fd);
-  if (pid < 0) return false;
-  int st = 0;
-  for (int waited = 0; ::waitpid(pid, &st, WNOHANG) == 0; waited += 20) {
-    if (waited >= timeout_ms) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
 
 std::string tail_of(const std::string& path, size_t bytes, int lines) {
   std::ifstream in(path, std::ios::binary);
@@ -516,7 +472,7 @@ class Agent {
     set("MASTER_ADDR", a.value("master_addr", std::string("127.0.0.1")));
     const uint16_t master_port = a.value("master_port", uint16_t{29500});
     set("MASTER_PORT", std::to_string(master_port));
-    if (master_port == rdzv_port_) rdzv_port_ = free_port();  // taken now: offer another for the next restart
+    if (master_port == rdzv_port_) rdzv_port_ = free_tcp_port();  // taken now: offer another for the next restart
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(t.restart));
     set("TORCHELASTIC_MAX_RESTARTS", "1000000");
     set("TORCHELASTIC_RUN_ID", job + "-" + run_id);
@@ -617,9 +573,12 @@ class Agent {
       log(o_.name, "no py-spy or gdb on PATH: no stacks of the hung trainer (pid " + pid + ")");
       return;
     }
-    const bool ok = run_to_file(argv, out, 30'000);
+    Program p = spawn_program(argv);
+    const ProgramResult r = finish_program(p, Steady::now() + std::chrono::seconds(30));
+    std::ofstream(out) << r.out;
+    const bool ok = r.exited_ok;
     log(o_.name, "stacks of the hung trainer (pid " + pid + ", " + fs::path(argv[0]).filename().string() + ") are in " +
-                     out + (ok ? "" : " (the tool failed or timed out; see its output there)"));
+                     out + (ok ? "" : " (the tool failed or timed out; what it said on stderr is above)"));
   }
 
   // True when the trainer just exited.
@@ -734,7 +693,7 @@ class Agent {
   Steady::time_point last_contact_ = Steady::now();
   Persister persister_;
   std::unique_ptr<LinkProbeServer> probe_server_;
-  uint16_t rdzv_port_ = free_port();  // offered for the rendezvous store when this node is rank 0
+  uint16_t rdzv_port_ = free_tcp_port();  // offered for the rendezvous store when this node is rank 0
   int32_t check_round_ = 0;  // the newest check round the master asked for
   std::vector<std::string> collective_argv_, collective_env_;  // the collective probe's program
   std::future<json> check_;

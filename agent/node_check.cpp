@@ -1,14 +1,14 @@
 #include "agent/node_check.h"
 
+#include "agent/program.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <Eigen/Dense>
@@ -21,8 +21,6 @@
 #include <memory>
 #include <stdexcept>
 #include <vector>
-
-extern char** environ;
 
 namespace goodput::agent {
 
@@ -149,74 +147,6 @@ uint64_t get_u64(const char* in) {
 
 constexpr int64_t kMaxProbeBytes = int64_t{1} << 32;  // a client cannot make the server read forever
 
-uint16_t free_port() {
-  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  socklen_t len = sizeof addr;
-  if (s.fd < 0 || ::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    return 0;
-  return ntohs(addr.sin_port);
-}
-
-// A program started in its own process group, its stdout on a pipe (stderr stays the agent's, so
-// its complaints land in the agent's log).
-struct Program {
-  pid_t pid = -1;
-  int out = -1;
-};
-
-Program spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env_add) {
-  Program p;
-  int fds[2];
-  if (argv.empty() || ::pipe2(fds, O_CLOEXEC) != 0) return p;
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  for (const std::string& kv : env_add) {
-    const std::string key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(env, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
-    env.push_back(kv);
-  }
-  std::vector<char*> args, envp;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  p.pid = ::fork();
-  if (p.pid == 0) {
-    ::setpgid(0, 0);
-    ::dup2(fds[1], 1);
-    ::execve(args[0], args.data(), envp.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  if (p.pid < 0) {
-    ::close(fds[0]);
-    return p;
-  }
-  p.out = fds[0];
-  return p;
-}
-
-// Its stdout until it exits or the deadline passes (then its group is killed).
-std::string finish(Program& p, Clock::time_point deadline) {
-  std::string out;
-  if (p.pid < 0) return out;
-  char buf[4096];
-  while (wait_for(p.out, POLLIN, deadline)) {
-    const ssize_t r = ::read(p.out, buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    if (out.size() < (1 << 16)) out.append(buf, static_cast<size_t>(r));
-  }
-  ::close(p.out);
-  ::kill(-p.pid, SIGKILL);  // done, or out of time: nothing of it may linger
-  ::waitpid(p.pid, nullptr, 0);
-  p.pid = -1;
-  return out;
-}
-
 }  // namespace
 
 LinkProbeServer::LinkProbeServer(const std::string& token) : digest_(probe_digest(token)) {
@@ -293,17 +223,17 @@ void LinkProbeServer::serve_collective(int conn, int64_t bytes) {
     }
     if (argv.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const uint16_t port = free_port();
+  const uint16_t port = free_tcp_port();
   if (argv.empty() || port == 0) return;  // closed unanswered: the client reports it
   for (const std::string& a : {std::string("--rank"), std::string("0"), std::string("--addr"), std::string("127.0.0.1"),
                                std::string("--port"), std::to_string(port), std::string("--bytes"), std::to_string(bytes),
                                std::string("--timeout"), std::string("20")})
     argv.push_back(a);
-  Program p = spawn(argv, env);
+  Program p = spawn_program(argv, env);
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   const char answer[2] = {static_cast<char>(port >> 8), static_cast<char>(port & 0xff)};
   if (p.pid > 0) write_all(conn, answer, sizeof answer, deadline);
-  finish(p, deadline);
+  finish_program(p, deadline);
 }
 
 namespace {
@@ -373,9 +303,9 @@ LinkResult collective_probe(const std::string& host, uint16_t port, const std::s
                                std::to_string(store), std::string("--bytes"), std::to_string(bytes), std::string("--timeout"),
                                std::to_string(std::max<int64_t>(left - 1, 1))})
     argv.push_back(a);
-  Program p = spawn(argv, env);
+  Program p = spawn_program(argv, env);
   if (p.pid < 0) return fail("cannot start " + program.front() + ": " + std::strerror(errno));
-  const std::string out = finish(p, deadline);
+  const std::string out = finish_program(p, deadline).out;
   std::string last;
   for (size_t start = 0; start < out.size();) {
     const size_t nl = out.find('\n', start);
