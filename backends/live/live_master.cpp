@@ -785,26 +785,21 @@ void LiveMaster::judge_checks() {
     if (c.verdict != "passed") continue;
     const double rc = c.compute_mflops > 0 ? static_cast<double>(med_c) / static_cast<double>(c.compute_mflops) : 0;
     const double rl = c.peer >= 0 && c.link_mb_per_s > 0 ? static_cast<double>(med_l) / static_cast<double>(c.link_mb_per_s) : 0;
+    const double ratio = std::max(rc, rl);
+    if (ratio < spec.straggler_factor) continue;
     char text[160];
-    if (rc >= spec.straggler_factor && rc >= rl) {
+    if (rc >= rl)
       std::snprintf(text, sizeof text, "compute %lld MFLOP/s, 1/%.2f of the median %lld", static_cast<long long>(c.compute_mflops),
                     rc, static_cast<long long>(med_c));
-      c.verdict = "straggler";
-      c.detail = text;
-    } else if (rl >= spec.straggler_factor) {
+    else
       std::snprintf(text, sizeof text, "link %lld MB/s, 1/%.2f of the median %lld", static_cast<long long>(c.link_mb_per_s), rl,
                     static_cast<long long>(med_l));
-      c.verdict = "straggler";
-      c.detail = text;
-    }
+    c.verdict = "straggler";
+    c.detail = text;
+    nodes_[c.node].check_slowdown = static_cast<int32_t>(std::lround(std::min(ratio, 1000.0) * 1000));
   }
   std::vector<NodeId> suspects;
   for (NodeChecked& c : results) {
-    if (c.verdict == "straggler") {
-      const double r = std::max(static_cast<double>(med_c) / static_cast<double>(std::max<int64_t>(c.compute_mflops, 1)),
-                                c.peer >= 0 ? static_cast<double>(med_l) / static_cast<double>(std::max<int64_t>(c.link_mb_per_s, 1)) : 0.0);
-      nodes_[c.node].check_slowdown = static_cast<int32_t>(std::lround(std::min(r, 1000.0) * 1000));
-    }
     observe(c);  // the evidence, before anything is decided
     if (c.verdict == "suspect") suspects.push_back(c.node);
   }
