@@ -373,19 +373,20 @@ class Agent {
   // report the numbers with the heartbeats until the master moves on.
   void start_check(const json& c) {
     const int32_t round = c.value("round", 0);
-    if (round <= 0 || round == check_round_ || check_.valid()) return;  // asked already, or still measuring
-    check_round_ = round;
+    const int64_t id = c.value("id", int64_t{0});  // unique to the round, across master restarts
+    if (round <= 0 || id <= 0 || id == check_id_ || check_.valid()) return;  // asked already, or still measuring
+    check_id_ = id;
     check_result_.reset();
     const std::string fault = c.value("fault", "");
-    if (fault == "link-down" && probe_server_) probe_server_->set_down(true);
+    if (probe_server_) probe_server_->set_down(fault == "link-down");  // a drill lasts one check
     log(o_.name, "node check, round " + std::to_string(round) + (fault.empty() ? "" : " (fault drill: " + fault + ")"));
-    check_ = std::async(std::launch::async, [c, round, fault, token = o_.token, argv = collective_argv_,
+    check_ = std::async(std::launch::async, [c, round, id, fault, token = o_.token, argv = collective_argv_,
                                              env = collective_env_]() -> json {
      try {
       double slow = 1;
       if (fault.rfind("slow:", 0) == 0) slow = std::stod(fault.substr(5));
       const ComputeResult cr = compute_probe(std::chrono::milliseconds(c.value("compute_ms", 500)), slow, fault == "corrupt");
-      json out{{"round", round}, {"compute_mflops", cr.mflops}, {"compute_ok", cr.ok}};
+      json out{{"round", round}, {"id", id}, {"compute_mflops", cr.mflops}, {"compute_ok", cr.ok}};
       if (!cr.ok) out["error"] = cr.error;
       if (c.contains("peer_host") && c["peer_host"].is_string()) {
         LinkResult lr;
@@ -406,7 +407,7 @@ class Agent {
       }
       return out;
      } catch (const std::exception& e) {
-      return json{{"round", round}, {"compute_ok", false}, {"error", std::string("check failed: ") + e.what()}};
+      return json{{"round", round}, {"id", id}, {"compute_ok", false}, {"error", std::string("check failed: ") + e.what()}};
      }
     });
   }
@@ -694,7 +695,7 @@ class Agent {
   Persister persister_;
   std::unique_ptr<LinkProbeServer> probe_server_;
   uint16_t rdzv_port_ = free_tcp_port();  // offered for the rendezvous store when this node is rank 0
-  int32_t check_round_ = 0;  // the newest check round the master asked for
+  int64_t check_id_ = 0;  // the newest check round the master asked for
   std::vector<std::string> collective_argv_, collective_env_;  // the collective probe's program
   std::future<json> check_;
   std::optional<json> check_result_;

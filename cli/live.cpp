@@ -384,33 +384,54 @@ void add_live_commands(CLI::App& app, int& rc) {
     rc = agent::run_agent(ao);
   });
 
-  static std::string url, fault, token_file;
+  // Operator commands: one authenticated POST to the master, its answer printed.
+  static std::string url, token_file;
+  auto ask_master = [&rc](const std::string& path, const json& body) {
+    std::string token = std::getenv("GOODPUT_TOKEN") ? std::getenv("GOODPUT_TOKEN") : "";
+    if (!token_file.empty()) token = read_first_line(token_file);
+    if (token.empty()) throw CLI::ValidationError("--token-file", "give --token-file or set GOODPUT_TOKEN");
+    const auto r = live::http_call(live::Url::parse(url), "POST", path, token, body.dump(), 5000);
+    if (!r) {
+      std::cerr << "goodput: no answer from " << url << "\n";
+      rc = 1;
+    } else if (r->status != 200) {
+      std::cerr << "goodput: the master refused: " << r->status << " " << r->body << "\n";
+      rc = 2;
+    } else {
+      std::cout << r->body << "\n";
+      rc = 0;
+    }
+  };
+  auto add_master_options = [](CLI::App* cmd) {
+    cmd->add_option("--master", url, "Master URL (in runs/JOB/master.url)")->required();
+    cmd->add_option("--token-file", token_file, "File with the bearer token, e.g. runs/JOB/token (default: GOODPUT_TOKEN)");
+  };
+
+  static std::string fault;
   static int32_t slot = 0;
   auto* inj = app.add_subcommand("inject", "Inject a fault into a live job to rehearse recovery");
   inj->add_option("fault", fault, "kill-process | kill-node | hang | oom")
       ->required()
       ->check(CLI::IsMember({"kill-process", "kill-node", "hang", "oom"}));
   inj->add_option("slot", slot, "The rank slot whose node gets the fault")->required();
-  inj->add_option("--master", url, "Master URL (default: the one in runs/*/master.url is not guessed)")->required();
-  inj->add_option("--token-file", token_file, "File with the bearer token (default: GOODPUT_TOKEN)");
-  inj->callback([&rc] {
-    std::string token = std::getenv("GOODPUT_TOKEN") ? std::getenv("GOODPUT_TOKEN") : "";
-    if (!token_file.empty()) token = read_first_line(token_file);
-    if (token.empty()) throw CLI::ValidationError("--token-file", "give --token-file or set GOODPUT_TOKEN");
-    const auto r = live::http_call(live::Url::parse(url), "POST", "/v1/inject", token,
-                                   json{{"fault", fault}, {"slot", slot}}.dump(), 5000);
-    if (!r) {
-      std::cerr << "goodput: no answer from " << url << "\n";
-      rc = 1;
-      return;
-    }
-    if (r->status != 200) {
-      std::cerr << "goodput: the master refused: " << r->status << " " << r->body << "\n";
-      rc = 2;
-      return;
-    }
-    std::cout << r->body << "\n";
-    rc = 0;
+  add_master_options(inj);
+  inj->callback([=] { ask_master("/v1/inject", json{{"fault", fault}, {"slot", slot}}); });
+
+  static std::vector<int32_t> check_slots;
+  static std::string check_fault, check_reason;
+  auto* chk = app.add_subcommand(
+      "check", "Check nodes of a running job again (training stops, each runs the pre-flight node check, and the job "
+               "restarts from its newest checkpoint; a faulty node is relaunched elsewhere)");
+  chk->add_option("slots", check_slots, "Rank slots whose nodes to check (default: all)")->check(CLI::Range(0, 4095));
+  chk->add_option("--fault", check_fault, "Fault drill for the checks: corrupt, link-down or slow:F")
+      ->check([](const std::string& f) { return live::valid_check_fault(f) ? "" : "must be corrupt, link-down or slow:F (F from 1 to 1000)"; });
+  chk->add_option("--reason", check_reason, "Why, for the event log");
+  add_master_options(chk);
+  chk->callback([=] {
+    json body{{"slots", check_slots}};
+    if (!check_fault.empty()) body["fault"] = check_fault;
+    if (!check_reason.empty()) body["reason"] = check_reason;
+    ask_master("/v1/check", body);
   });
 }
 

@@ -183,6 +183,9 @@ int cmd_explain(const std::string& db, const std::string& node) {
                                         (p.link_ok ? std::to_string(p.link_mb_per_s) + " MB/s" : "FAILED")
                                   : "") +
                      (p.detail.empty() ? "" : " (" + p.detail + ")");
+          } else if constexpr (std::is_same_v<T, CheckRequested>) {
+            if (std::find(p.nodes.begin(), p.nodes.end(), id) != p.nodes.end())
+              line = "check requested: " + p.reason + (p.fault.empty() ? "" : " (fault drill: " + p.fault + ")");
           } else if constexpr (std::is_same_v<T, StatusObserved>) {
             if (p.name == name_of_id) line = p.object + " status: " + p.status;
           } else if constexpr (std::is_same_v<T, NodeReturned>) {

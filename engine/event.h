@@ -146,6 +146,15 @@ struct StatusObserved {
   std::string status;
 };
 
+// Someone asked to check these nodes again (an operator's `goodput check`, with the fault drill to
+// play in each check, if any): training stops, each runs the pre-flight check, and the job restarts
+// from its newest checkpoint once the whole world has a verdict. The time goes to restart.
+struct CheckRequested {
+  std::vector<NodeId> nodes;
+  std::string fault;
+  std::string reason;
+};
+
 struct JobFinished {
   std::string reason;  // "completed", "horizon", "gave-up", "stopped"
   int64_t step = 0;
@@ -198,7 +207,8 @@ struct RestartJob {
 using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpareNode, NodeReturned, SlowdownObserved,
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
-                                  RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved>;
+                                  RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved,
+                                  CheckRequested>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

@@ -36,6 +36,7 @@ template <class F> void fields(NodeChecked& v, F&& f) {
   f("verdict", v.verdict); f("detail", v.detail);
 }
 template <class F> void fields(StatusObserved& v, F&& f) { f("object", v.object); f("name", v.name); f("status", v.status); }
+template <class F> void fields(CheckRequested& v, F&& f) { f("nodes", v.nodes); f("fault", v.fault); f("reason", v.reason); }
 template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);
@@ -55,7 +56,7 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "slowdown_observed",   "processes_started", "rendezvous_complete", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
     "restart_job",         "shards_completed", "shards_assigned",  "node_checked",
-    "status_observed"};
+    "status_observed",     "check_requested"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",
@@ -112,14 +113,17 @@ struct Decoder {
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!j.is_string()) fail(name, "must be a string");
       v = j.get<std::string>();
-    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>> || std::is_same_v<T, std::vector<int32_t>>) {
+      using I = typename T::value_type;
       if (!j.is_array()) fail(name, "must be an array of integers");
       v.clear();
       v.reserve(j.size());
       for (const auto& x : j) {
-        if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > INT64_MAX))
-          fail(name, "must be an array of integers");
-        v.push_back(x.get<int64_t>());
+        if (!x.is_number_integer()) fail(name, "must be an array of integers");
+        if (x.is_number_unsigned() ? x.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<I>::max())
+                                   : x.get<int64_t>() < std::numeric_limits<I>::min() || x.get<int64_t>() > std::numeric_limits<I>::max())
+          fail(name, "has an integer out of range");
+        v.push_back(static_cast<I>(x.get<int64_t>()));
       }
     } else {
       static_assert(std::is_integral_v<T>);

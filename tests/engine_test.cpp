@@ -35,7 +35,8 @@ std::vector<EventPayload> one_of_each() {
           ShardsCompleted{2, 900, {4, 7, 8}},
           ShardsAssigned{1, 4, {9}},
           NodeChecked{2, 2, 0, 41'000, true, 950, false, "faulty", "link to node 0 failed in both rounds"},
-          StatusObserved{"pod", "kubetest-1-w-0", "Running on kind-worker2; trainer running"}};
+          StatusObserved{"pod", "kubetest-1-w-0", "Running on kind-worker2; trainer running"},
+          CheckRequested{{0, 2}, "slow:3", "operator: node 2 looks slow"}};
 }
 }  // namespace
 

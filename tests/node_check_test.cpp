@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "agent/node_check.h"
@@ -119,15 +120,28 @@ struct Harness {
     REQUIRE_MESSAGE(resp.status == 200, resp.body);
     return json::parse(resp.body);
   }
+  live::HttpResponse request(const std::string& path, const json& body) {
+    live::HttpRequest r;
+    r.method = "POST";
+    r.target = path;
+    r.authorization = "Bearer tok";
+    r.body = body.dump();
+    r.peer_address = "127.0.0.1";
+    return master->handle(r);
+  }
   int32_t join(const std::string& name, uint16_t port, uint16_t rdzv_port = 0) {
     json body{{"name", name}, {"check_port", port}};
     if (rdzv_port) body["rdzv_port"] = rdzv_port;
     return post("/v1/register", body)["node"].get<int32_t>();
   }
-  json beat(int32_t node, const json& check = nullptr) {
+  std::map<int32_t, int64_t> check_ids;  // the round id each node was last asked to check under
+  json beat(int32_t node, json check = nullptr) {
     json b{{"node", node}, {"trainer", {{"restart", -1}, {"phase", "none"}}}};
+    if (!check.is_null() && !check.contains("id")) check["id"] = check_ids[node];
     if (!check.is_null()) b["check"] = check;
-    return post("/v1/heartbeat", b);
+    json a = post("/v1/heartbeat", b);
+    if (a.contains("check")) check_ids[node] = a["check"]["id"].get<int64_t>();
+    return a;
   }
   void tick(Duration d = 100 * kMillisecond) {
     clock.t += d;
@@ -299,4 +313,120 @@ TEST_CASE("the rendezvous store's port is the one rank 0's agent found free on i
   REQUIRE(again["action"] == "run");
   CHECK(again["restart"] == 1);
   CHECK(again["master_port"] == 29633);
+}
+
+TEST_CASE("an operator's check of a running node stops training, checks it against a node that passed, and acts") {
+  Harness h(json::object());
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002), c = h.join("c", 7003);
+  h.tick();
+  for (int32_t n : {a, b, c}) h.beat(n);
+  h.beat(a, result(1, 1000, true, 900));
+  h.beat(b, result(1, 1000, true, 700));
+  h.beat(c, result(1, 1000, true, 800));
+  h.tick();
+  REQUIRE(h.events("node_checked").size() == 3);
+  REQUIRE(h.beat(b)["action"] == "run");
+  const int64_t old_id = h.check_ids[b];
+  REQUIRE(h.events("restart_job").size() == 1);
+
+  // Refused, with the reason: a slot nobody holds, an unknown drill, a malformed list.
+  auto refused = h.request("/v1/check", json{{"slots", {7}}});
+  CHECK(refused.status == 409);
+  CHECK(refused.body.find("no node holds slot 7") != std::string::npos);
+  CHECK(h.request("/v1/check", json{{"slots", {1}}, {"fault", "melt"}}).status == 409);
+  CHECK(h.request("/v1/check", json{{"slots", "1"}}).status == 400);
+  CHECK(h.events("check_requested").empty());
+
+  const json answer = h.post("/v1/check", json{{"slots", {1}}, {"reason", "loss spikes on rank 1"}});
+  REQUIRE(answer["checking"].size() == 1);
+  CHECK(answer["checking"][0]["node"] == b);
+  const auto asked = h.events("check_requested");
+  REQUIRE(asked.size() == 1);
+  CHECK(asked[0]["nodes"] == json::array({b}));
+  CHECK(asked[0]["reason"] == "loss spikes on rank 1");
+  // Training stops at once: the job restarts (from its newest checkpoint) once b has a verdict.
+  CHECK(h.events("restart_job").size() == 2);
+  CHECK(h.master->state().phase() == Phase::Restart);
+  h.tick();
+  const json qb = h.beat(b);
+  REQUIRE(qb["action"] == "check");
+  CHECK(qb["check"]["peer"] == a);  // the fastest link among the nodes that passed
+  CHECK(qb["check"]["id"].get<int64_t>() > old_id);
+  CHECK(h.beat(a)["action"] == "stop");
+  CHECK(h.request("/v1/check", json::object()).status == 409);  // one check at a time
+
+  // A result measured for the earlier round is not taken for this one.
+  h.beat(b, [&] { json r = result(1, 1000, true, 700); r["id"] = old_id; return r; }());
+  h.tick();
+  CHECK(h.events("node_checked").size() == 3);
+  json bad = result(1, 1000, true);
+  bad["compute_ok"] = false;
+  bad["error"] = "matrix product differs from the exact result at (3,4)";
+  h.beat(b, bad);
+  h.tick();
+  const auto checked = h.events("node_checked");
+  REQUIRE(checked.size() == 4);
+  CHECK(checked[3]["node"] == b);
+  CHECK(checked[3]["verdict"] == "faulty");
+  const auto failures = h.events("failure_observed");
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0]["reason"].get<std::string>().rfind("node check failed: ", 0) == 0);
+  CHECK(h.events("recovery_decided").back()["action"] == "relaunch_node");
+  CHECK(h.provider.calls.back() == "launch 1 1000");
+  CHECK(std::find(h.provider.calls.begin(), h.provider.calls.end(), "exclude b") != h.provider.calls.end());
+
+  // A master resumed from this log knows b's verdict and a's and c's: nothing is checked twice.
+  h.master.reset();
+  h.master = std::make_unique<live::LiveMaster>(
+      live::job_spec_from_json(json{{"job", "chk"}, {"nodes", 3}, {"command", {"true"}}, {"total_steps", 10},
+                                    {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}, {"node_check", json::object()}},
+                               "", "."),
+      default_policy(), *h.store, h.clock, &h.provider, "tok", "run1");
+  h.tick();
+  CHECK(h.beat(a)["action"] == "stop");  // slot 1 waits for its replacement
+  const int32_t d = h.join("d", 7004);
+  h.tick();
+  CHECK(h.beat(d)["action"] == "check");
+  CHECK(h.beat(c)["action"] == "stop");
+}
+
+TEST_CASE("a straggler checked again and found well is no longer slowing the job") {
+  Harness h(json{{"straggler_factor", 2.0}}, 2);
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002);
+  h.tick();
+  h.beat(a);
+  h.beat(b);
+  h.beat(a, result(1, 1200, true));
+  h.beat(b, result(1, 400, true));
+  h.tick();
+  REQUIRE(h.events("slowdown_observed").size() == 1);
+  CHECK(h.master->state().slowdown_permille() == 3000);
+  h.post("/v1/check", json{{"slots", json::array()}});  // the whole world
+  CHECK(h.events("check_requested").at(0)["nodes"] == json::array({a, b}));
+  h.tick();
+  h.beat(a);
+  h.beat(b);
+  h.beat(a, result(1, 1200, true));
+  h.beat(b, result(1, 1150, true));  // its neighbour's job ended: full speed again
+  h.tick();
+  const auto slow = h.events("slowdown_observed");
+  REQUIRE(slow.size() == 2);
+  CHECK(slow[1]["node"] == b);
+  CHECK(slow[1]["slowdown_permille"] == 1000);
+  CHECK(h.master->state().slowdown_permille() == 1000);
+  CHECK(h.beat(a)["action"] == "run");
+}
+
+TEST_CASE("a job without node_check in its spec can still be checked on request") {
+  Harness h(nullptr, 2);
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002);
+  h.tick();
+  REQUIRE(h.beat(a)["action"] == "run");
+  h.post("/v1/check", json{{"slots", {0}}, {"fault", "slow:3"}});
+  h.tick();
+  const json qa = h.beat(a);
+  REQUIRE(qa["action"] == "check");
+  CHECK(qa["check"]["fault"] == "slow:3");
+  CHECK(qa["check"]["peer"] == b);  // its link is measured to b, which is not checked itself
+  CHECK(h.beat(b)["action"] == "stop");
 }

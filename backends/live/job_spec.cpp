@@ -138,15 +138,7 @@ NodeCheckSpec node_check_from_json(const nlohmann::json& j, const std::string& w
       const auto slot = static_cast<int32_t>(fr.integer("slot", -1, 0, 4095));
       if (!fr.has("slot")) fr.fail("slot", "is required");
       const std::string fault = fr.text("fault", "");
-      const bool slow = fault.rfind("slow:", 0) == 0;
-      double factor = 0;
-      if (slow) {
-        try {
-          factor = std::stod(fault.substr(5));
-        } catch (const std::exception&) {
-        }
-      }
-      if (fault != "corrupt" && fault != "link-down" && !(slow && factor >= 1 && factor <= 1000))
+      if (!valid_check_fault(fault))
         fr.fail("fault", "must be corrupt, link-down or slow:F (F from 1 to 1000)");
       fr.finish();
       c.faults[slot] = fault;
@@ -236,6 +228,18 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   if (s.hang_timeout < s.heartbeat_timeout) r.fail("hang_timeout", "must be at least heartbeat_timeout");
   r.finish();
   return s;
+}
+
+bool valid_check_fault(const std::string& fault) {
+  if (fault == "corrupt" || fault == "link-down") return true;
+  if (fault.rfind("slow:", 0) != 0) return false;
+  try {
+    size_t used = 0;
+    const double factor = std::stod(fault.substr(5), &used);
+    return used == fault.size() - 5 && factor >= 1 && factor <= 1000;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 JobSpec load_job_spec(const std::string& path) {

@@ -72,6 +72,9 @@ struct NodeCheckSpec {
   std::map<int32_t, std::string> faults;
 };
 
+// A node check's fault drill: "corrupt", "link-down" or "slow:F" (F from 1 to 1000).
+bool valid_check_fault(const std::string& fault);
+
 struct JobSpec {
   std::string job;
   int32_t nodes = 1;

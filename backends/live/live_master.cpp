@@ -128,6 +128,7 @@ void LiveMaster::append(const Event& e) {
           n.id = p.node;
           n.name = p.name;
           n.slot = p.slot;
+          n.check_wanted = spec_.node_check.enabled;
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           waiting_slots_.erase(p.slot);
           launches_lost_ = 0;
@@ -137,6 +138,8 @@ void LiveMaster::append(const Event& e) {
           next_node_ = std::max(next_node_, p.node + 1);
         } else if constexpr (std::is_same_v<T, ShardsAssigned>) {
           last_assigned_[p.node] = p;
+        } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
+          straggler_permille_[p.node] = p.slowdown_permille;
         } else if constexpr (std::is_same_v<T, NodeChecked>) {
           ++check_verdicts_[p.verdict];
           Node& n = nodes_[p.node];
@@ -145,6 +148,19 @@ void LiveMaster::append(const Event& e) {
           if (p.verdict != "suspect") {
             n.check_verdict = p.verdict;
             n.check_detail = p.detail;
+          }
+        } else if constexpr (std::is_same_v<T, CheckRequested>) {
+          // Checked again from scratch: verdict, the numbers it is paired by, what was acted on.
+          checks_requested_ = true;
+          for (NodeId id : p.nodes) {
+            Node& n = nodes_[id];
+            n.check_wanted = true;
+            n.check_verdict.clear();
+            n.check_detail.clear();
+            n.check_acted = false;
+            n.check_slowdown = 0;
+            n.check_round = 0;
+            n.check_fault = p.fault;
           }
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           last_failure_hang_ = p.kind == FailureKind::Hang;
@@ -257,6 +273,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
     else if (path == "/v1/shards/next") r = on_shards_next(body);
     else if (path == "/v1/shards/complete") r = on_shards_complete(body);
     else if (path == "/v1/inject") r = on_inject(body);
+    else if (path == "/v1/check") r = on_check(body);
     else return error(404, "no such endpoint: " + path);
     if (path != "/v1/heartbeat" && path != "/v1/exit") advance();  // a heartbeat advanced before its answer
     return r;
@@ -307,6 +324,7 @@ json LiveMaster::assignment(const Node& n) const {
     if (n.check_round > 0 && n.check_verdict.empty()) {
       out["action"] = "check";
       json c{{"round", n.check_round},
+             {"id", n.check_id},
              {"compute_ms", spec_.node_check.compute / kMillisecond},
              {"link_bytes", spec_.node_check.link_bytes},
              {"timeout_ms", (spec_.node_check.round_timeout - spec_.node_check.compute) / 2 / kMillisecond}};
@@ -360,7 +378,7 @@ HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_add
     n->rdzv_port = static_cast<uint16_t>(port);
   n->persist_error = field_or<std::string>(b, "persist_error", "").substr(0, 1000);
   if (const auto c = b.find("check"); c != b.end() && c->is_object() && n->check_round > 0 &&
-                                      field_or<int64_t>(*c, "round", 0) == n->check_round) {
+                                      field_or<int64_t>(*c, "id", 0) == n->check_id) {
     Node::CheckReport r;
     r.mflops = std::max<int64_t>(field_or<int64_t>(*c, "compute_mflops", 0), 0);
     r.compute_ok = field_or<bool>(*c, "compute_ok", false);
@@ -460,6 +478,46 @@ json LiveMaster::inject(const std::string& fault, int32_t slot) {
   Node& n = nodes_[slots_[slot]];
   n.inject.push_back(fault);
   return json{{"node", n.id}, {"name", n.name}, {"slot", slot}, {"fault", fault}};
+}
+
+HttpResponse LiveMaster::on_check(const json& b) {
+  std::vector<int32_t> slots;
+  if (const auto it = b.find("slots"); it != b.end()) {
+    if (!it->is_array()) throw BadRequest("field 'slots' must be a list of slot numbers");
+    for (const json& s : *it) {
+      if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > 1'000'000)
+        throw BadRequest("field 'slots' must be a list of slot numbers");
+      slots.push_back(static_cast<int32_t>(s.get<int64_t>()));
+    }
+  }
+  const std::string reason = field_or<std::string>(b, "reason", "");
+  if (reason.size() > 1000) throw BadRequest("field 'reason' must be at most 1000 characters");
+  try {
+    return reply(200, request_check(slots, field_or<std::string>(b, "fault", ""), reason));
+  } catch (const std::invalid_argument& e) {
+    return error(409, e.what());
+  }
+}
+
+json LiveMaster::request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason) {
+  if (finished()) throw std::invalid_argument("the job has finished");
+  if (!fault.empty() && !valid_check_fault(fault))
+    throw std::invalid_argument("fault must be corrupt, link-down or slow:F (F from 1 to 1000), not '" + fault + "'");
+  if (check_round_ > 0 || checks_pending()) throw std::invalid_argument("a node check is in progress; ask again when it ends");
+  std::vector<int32_t> wanted = slots;
+  if (wanted.empty())
+    for (int32_t s = 0; s < world_; ++s) wanted.push_back(s);
+  std::sort(wanted.begin(), wanted.end());
+  wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+  CheckRequested r{{}, fault, reason.empty() ? "requested by an operator" : reason};
+  json names = json::array();
+  for (int32_t s : wanted) {
+    if (s < 0 || s >= world_ || slots_[s] < 0) throw std::invalid_argument("no node holds slot " + std::to_string(s));
+    r.nodes.push_back(slots_[s]);
+    names.push_back({{"slot", s}, {"node", slots_[s]}, {"name", nodes_[slots_[s]].name}});
+  }
+  observe(std::move(r));
+  return json{{"checking", names}};
 }
 
 void LiveMaster::stop() { observe(JobFinished{"stopped", newest_step()}); }
@@ -685,15 +743,15 @@ bool LiveMaster::detect_stragglers(const std::vector<Node*>& w) {
 // with their ratio; not before, since round 2 may need them as partners. See docs/node-check.md.
 
 bool LiveMaster::checks_pending() const {
-  if (!spec_.node_check.enabled) return false;
+  if (!checks_on()) return false;
   for (int32_t s = 0; s < world_; ++s)
     if (slots_[s] >= 0)
-      if (const Node& n = nodes_.at(slots_[s]); !n.gone && n.check_verdict.empty()) return true;
+      if (const Node& n = nodes_.at(slots_[s]); !n.gone && n.check_wanted && n.check_verdict.empty()) return true;
   return false;
 }
 
 void LiveMaster::run_checks() {
-  if (!spec_.node_check.enabled || finished()) return;
+  if (!checks_on() || finished()) return;
   if (check_round_ > 0) {
     const bool waiting = std::any_of(check_members_.begin(), check_members_.end(), [&](NodeId id) {
       const Node* n = node(id);
@@ -707,8 +765,8 @@ void LiveMaster::run_checks() {
   if (w.empty()) return;  // pairs are made across the whole world: wait for it
   std::vector<NodeId> fresh, checked;
   for (Node* n : w) {
-    if (n->check_verdict.empty()) fresh.push_back(n->id);
-    else if (n->check_verdict != "faulty") checked.push_back(n->id);  // a partner must be one that passed
+    if (n->check_wanted && n->check_verdict.empty()) fresh.push_back(n->id);
+    else if (n->check_verdict != "faulty") checked.push_back(n->id);  // a partner: one that passed (or was not checked)
   }
   if (fresh.empty()) return;
   std::stable_sort(checked.begin(), checked.end(),
@@ -723,9 +781,13 @@ void LiveMaster::run_checks() {
 }
 
 void LiveMaster::start_check_round(int32_t round, std::vector<NodeId> members, const std::vector<NodeId>& peers) {
+  // Ids from the clock: a resumed master never reuses one, so no agent answers with a result it
+  // measured for the old master's round (perhaps against another partner).
+  last_check_id_ = std::max(clock_.now(), last_check_id_ + 1);
   for (size_t i = 0; i < members.size(); ++i) {
     Node& n = nodes_[members[i]];
     n.check_round = round;
+    n.check_id = last_check_id_;
     n.check_peer = peers[i];
     n.check_report.reset();
   }
@@ -831,9 +893,15 @@ void LiveMaster::act_on_checks() {
   for (int32_t s = 0; s < world_ && !finished(); ++s) {
     if (slots_[s] < 0) continue;
     Node& n = nodes_[slots_[s]];
-    if (n.gone || n.check_acted || (n.check_verdict != "faulty" && n.check_verdict != "straggler")) continue;
+    if (n.gone || n.check_acted || n.check_verdict.empty()) continue;
     n.check_acted = true;
-    if (n.check_verdict == "faulty") {
+    if (n.check_verdict == "passed") {
+      // Checked again on request and found well: a slowdown reported for it before is over.
+      if (const auto it = straggler_permille_.find(n.id); it != straggler_permille_.end() && it->second > 1000) {
+        it->second = 1000;
+        observe(SlowdownObserved{n.id, 1000});
+      }
+    } else if (n.check_verdict == "faulty") {
       observe(FailureObserved{n.id, FailureKind::NodeLost, 0, 0, "node check failed: " + n.check_detail, clock_.now()});
     } else if (n.check_slowdown > 1000) {
       straggler_permille_[n.id] = n.check_slowdown;

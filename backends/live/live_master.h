@@ -84,6 +84,11 @@ class LiveMaster final : public Backend, public EventSink {
   // Hand a fault to the node holding `slot` with its next heartbeat: kill-process, kill-node,
   // hang or oom. Throws std::invalid_argument for an unknown fault or an empty slot.
   nlohmann::json inject(const std::string& fault, int32_t slot);
+  // Check the nodes holding `slots` again (all of the world's when empty), with a fault drill
+  // (corrupt, link-down, slow:F) if `fault` is set: training stops for the check and restarts from
+  // the newest checkpoint once all have a verdict. Throws std::invalid_argument when it cannot be
+  // done now (an empty slot, a check in progress, the job finished) and why.
+  nlohmann::json request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason);
   // Ends the job now (an operator's Ctrl-C): the log says "stopped".
   void stop();
 
@@ -139,6 +144,7 @@ class LiveMaster final : public Backend, public EventSink {
     uint16_t rdzv_port = 0;      // a free port its agent offers for the rendezvous store (as rank 0)
     std::string persist_error;   // why its agent's newest persist to storage failed; empty: it did not
     std::string check_fault;     // fault drill for its check (the first node of a slot)
+    bool check_wanted = false;   // to be checked: every node when the spec has node_check, else on request
     std::string check_verdict;   // passed, straggler or faulty; empty: not checked yet
     std::string check_detail;
     int32_t check_slowdown = 0;  // a straggler's measured slowdown (permille); not in the log
@@ -146,6 +152,7 @@ class LiveMaster final : public Backend, public EventSink {
     int64_t check_mflops = 0;
     int64_t check_link = 0;      // MB/s; 0: not measured
     int32_t check_round = 0;     // the round it was asked for
+    int64_t check_id = 0;        // that round's id, unique across master restarts: its report must name it
     NodeId check_peer = -1;
     struct CheckReport {
       int64_t mflops = 0;
@@ -154,7 +161,7 @@ class LiveMaster final : public Backend, public EventSink {
       int64_t link = 0;
       std::string error;
     };
-    std::optional<CheckReport> check_report;  // its agent's result for check_round
+    std::optional<CheckReport> check_report;  // its agent's result for check_id
   };
 
   HttpResponse on_register(const nlohmann::json& body, const std::string& peer_address);
@@ -162,6 +169,7 @@ class LiveMaster final : public Backend, public EventSink {
   HttpResponse on_shards_next(const nlohmann::json& body);
   HttpResponse on_shards_complete(const nlohmann::json& body);
   HttpResponse on_inject(const nlohmann::json& body);
+  HttpResponse on_check(const nlohmann::json& body);
   nlohmann::json assignment(const Node& n) const;
   Node* node(NodeId id);
   std::vector<Node*> world();  // nodes holding slots 0..world-1; empty if a slot is vacant
@@ -169,6 +177,7 @@ class LiveMaster final : public Backend, public EventSink {
   void observe(EventPayload p);
   void on_lost(const LostNode& lost, Time now);
   bool detect_stragglers(const std::vector<Node*>& w);
+  bool checks_on() const { return spec_.node_check.enabled || checks_requested_; }
   bool checks_pending() const;  // a node of the world has no check verdict yet
   void run_checks();
   void judge_checks();
@@ -210,7 +219,9 @@ class LiveMaster final : public Backend, public EventSink {
   std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart
   std::map<std::string, int64_t> check_verdicts_;  // node_checked events by verdict, for /metrics
   std::set<int32_t> slots_seen_;          // slots some node has joined (a check's fault drill goes to the first)
+  bool checks_requested_ = false;         // an operator asked for a check (so a job without node_check checks)
   int32_t check_round_ = 0;               // the check round in progress (0: none)
+  int64_t last_check_id_ = 0;
   Time check_deadline_ = 0;
   std::vector<NodeId> check_members_;
 };

@@ -380,6 +380,53 @@ class LiveTest(unittest.TestCase):
         self.assertIn("checked (round 2): faulty", out)
         self.assertIn("node check failed", out)
 
+    def test_an_operator_checks_a_running_node_and_a_bad_one_is_relaunched(self):
+        # No node_check in the spec: the job trains at once. Mid-run an operator runs
+        # `goodput check 1 --fault corrupt`: training stops, slot 1's node runs the real compute
+        # probe (with wrong products, the drill) and a link probe to slot 0's agent, is found
+        # faulty and relaunched as a hardware error, and the job resumes from its checkpoint.
+        run = LiveRun(self, spec(total_steps=240))
+        answers = []
+
+        def during():
+            run.wait_for_step(60)
+            token = os.path.join(run.run_dir, "token")
+            bad = subprocess.run([GOODPUT, "check", "7", "--master", run.url(), "--token-file", token],
+                                 capture_output=True, text=True, timeout=30)
+            answers.append(bad)
+            answers.append(subprocess.run([GOODPUT, "check", "1", "--fault", "corrupt", "--reason", "rehearsal",
+                                           "--master", run.url(), "--token-file", token],
+                                          capture_output=True, text=True, timeout=30))
+
+        self.assertEqual(run.run_while(during), 0, run.diag())
+        self.assertEqual(answers[0].returncode, 2, answers[0].stderr)
+        self.assertIn("no node holds slot 7", answers[0].stderr)
+        self.assertEqual(answers[1].returncode, 0, answers[1].stderr)
+        self.assertIn("checking", answers[1].stdout)
+        ev = run.events()
+        joined = {j["node"]: j for j in of_type(ev, "node_joined")}
+        asked = of_type(ev, "check_requested")
+        self.assertEqual(len(asked), 1, asked)
+        self.assertEqual((asked[0]["fault"], asked[0]["reason"]), ("corrupt", "rehearsal"))
+        bad = asked[0]["nodes"][0]
+        self.assertEqual(joined[bad]["slot"], 1)
+        checked = of_type(ev, "node_checked")
+        self.assertEqual([(c["node"], c["verdict"], c["compute_ok"]) for c in checked], [(bad, "faulty", False)], checked)
+        self.assertIn("differs from the exact result", checked[0]["detail"])
+        self.assertEqual(joined[checked[0]["peer"]]["slot"], 0)  # its link was measured to slot 0's agent
+        decided = of_type(ev, "recovery_decided")
+        self.assertEqual([(d["node"], d["diagnosis"], d["action"]) for d in decided],
+                         [(bad, "hardware_error", "relaunch_node")])
+        # The restart after the check loaded a checkpoint of the run, not step 0.
+        seq_asked = [e["seq"] for e in ev if e["type"] == "check_requested"][0]
+        loaded = [e["data"] for e in ev if e["type"] == "checkpoint_loaded" and e["seq"] > seq_asked]
+        self.assertGreater(loaded[0]["step"], 0, loaded)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        out = subprocess.run([GOODPUT, "explain", run.db, "--node", joined[bad]["name"]], capture_output=True,
+                             text=True, check=True).stdout
+        self.assertIn("check requested: rehearsal (fault drill: corrupt)", out)
+        self.assertIn("checked (round 1): faulty", out)
+
     def test_storage_that_cannot_be_written_costs_persistence_not_the_job(self):
         # The checkpoint storage path cannot be created (its parent is a device file: root can
         # write anywhere else). Training goes on on memory checkpoints, a killed trainer still
