@@ -44,12 +44,14 @@ printf '%s\n' $'/v1/register\t{"name":"a"}' $'/v1/register\t{"name":"b"}' \
   $'/v1/shards/next\t{"node":0,"restart":0}' $'/v1/shards/complete\t{"node":0,"restart":0,"step":5,"shards":[0]}' \
   $'/v1/exit\t{"node":1,"trainer":{"restart":0,"phase":"exited","exit":{"code":1,"signal":0,"reason":"x","age_ms":3}}}' \
   $'/v1/inject\t{"fault":"hang","slot":0}' '/status' '/metrics' > "$corpus/api/session"
-# A session through a pre-flight node check (the word "check" turns the check on): results, a failed link.
+# A session through a pre-flight node check (the word "check" turns the check on): results, a failed
+# link, then an operator's re-check. A round's id is the virtual clock when it starts (100 ms a line).
 printf '%s\n' $'/v1/register\t{"name":"a","check_port":7001}' $'/v1/register\t{"name":"b","check_port":7002}' \
   $'/v1/heartbeat\t{"node":0}' $'/v1/heartbeat\t{"node":1}' \
-  $'/v1/heartbeat\t{"node":0,"check":{"round":1,"compute_mflops":900,"compute_ok":true,"link_ok":false,"error":"e"}}' \
-  $'/v1/heartbeat\t{"node":1,"check":{"round":1,"compute_mflops":300,"compute_ok":true,"link_ok":true,"link_mb_per_s":5}}' \
-  $'/v1/heartbeat\t{"node":0,"check":{"round":2,"compute_mflops":900,"compute_ok":false}}' '/status' > "$corpus/api/check-session"
+  $'/v1/heartbeat\t{"node":0,"check":{"round":1,"id":200000000,"compute_mflops":900,"compute_ok":true,"link_ok":false,"error":"e"}}' \
+  $'/v1/heartbeat\t{"node":1,"check":{"round":1,"id":200000000,"compute_mflops":300,"compute_ok":true,"link_ok":true,"link_mb_per_s":5}}' \
+  $'/v1/heartbeat\t{"node":0,"check":{"round":2,"id":600000000,"compute_mflops":900,"compute_ok":false}}' \
+  $'/v1/check\t{"slots":[1],"fault":"slow:2","reason":"r"}' $'/v1/heartbeat\t{"node":1}' '/status' > "$corpus/api/check-session"
 status=0
 for t in trace policy event checkpoint api backend; do
   mkdir -p "build-fuzz/crashes/$t"
