@@ -421,6 +421,8 @@ class Agent {
     if (!t_.running()) return;
     if (fault == "kill-process") {
       ::kill(t_.pid, SIGKILL);
+    } else if (fault == "dump-stacks") {  // a hang the master leaves alone: stacks, and nothing else
+      dump_stacks(false);
     } else if (fault == "hang") {
       ::kill(t_.pid, SIGSTOP);
     } else if (fault == "oom") {
@@ -538,28 +540,32 @@ class Agent {
                      rank + "/" + world + ")");
   }
 
-  // dump_stacks: first record where the trainer's threads are, so a hang can be diagnosed
+  // dump: first record where the trainer's threads are, so a hang can be diagnosed
   // afterwards: a trainer that said it dumps its own stacks on a signal (goodput.live registers
   // faulthandler on SIGUSR1; they land in its stderr log) gets the signal; any other gets native
   // stacks from py-spy if installed, else from gdb, into stacks-r<restart>-<pid>.txt.
-  void stop_trainer(bool dump_stacks = false) {
+  void stop_trainer(bool dump = false) {
     if (!t_.running()) return;
-    if (dump_stacks) {
-      ::kill(t_.pid, SIGCONT);
-      if (t_.stack_signal) {
-        ::kill(t_.pid, t_.stack_signal);
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
-        log(o_.name, "stacks of the hung trainer (pid " + std::to_string(t_.pid) + ") are in " + t_.err_path);
-      } else {
-        dump_native_stacks();
-      }
-    }
+    if (dump) dump_stacks(true);
     ::kill(-t_.pid, SIGKILL);
     ::kill(-t_.pid, SIGCONT);
     int st = 0;
     ::waitpid(t_.pid, &st, 0);
     t_.pid = -1;
     t_.phase = "none";  // stopped on purpose: not a failure to report
+  }
+
+  // wake: continue a stopped trainer first, so that it can answer the signal (it is killed next). A
+  // trainer left running stays as it is: a stopped one gets native stacks, which need no cooperation.
+  void dump_stacks(bool wake) {
+    if (wake) ::kill(t_.pid, SIGCONT);
+    if (t_.stack_signal && (wake || !process_stopped(t_.pid))) {
+      ::kill(t_.pid, t_.stack_signal);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      log(o_.name, "stacks of the hung trainer (pid " + std::to_string(t_.pid) + ") are in " + t_.err_path);
+    } else {
+      dump_native_stacks();
+    }
   }
 
   void dump_native_stacks() {

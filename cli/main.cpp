@@ -183,6 +183,10 @@ int cmd_explain(const std::string& db, const std::string& node) {
                                         (p.link_ok ? std::to_string(p.link_mb_per_s) + " MB/s" : "FAILED")
                                   : "") +
                      (p.detail.empty() ? "" : " (" + p.detail + ")");
+          } else if constexpr (std::is_same_v<T, StallObserved>) {
+            if (p.node == id)
+              line = std::string(p.resumed ? "moving again after a stall of " : "stalled (left alone) for ") +
+                     format_duration(e.time - p.stalled_since) + ": " + p.reason;
           } else if constexpr (std::is_same_v<T, CheckRequested>) {
             if (std::find(p.nodes.begin(), p.nodes.end(), id) != p.nodes.end())
               line = "check requested: " + p.reason + (p.fault.empty() ? "" : " (fault drill: " + p.fault + ")");
@@ -283,27 +287,40 @@ int cmd_sweep(const std::string& trace_path, const std::string& policy_path, con
   if (trace.rates.empty() && mc.runs > 1)
     throw BadInput(trace_path + ": Monte Carlo needs 'failure_rates' in the trace header (or use --runs 1)");
   nlohmann::json base = policy_path.empty() ? default_policy().config : load_policy_file(policy_path).config;
-  // Cartesian product of all --set lists, first --set varying slowest.
-  std::vector<std::pair<std::string, nlohmann::json>> points{{"", base}};
+  // Cartesian product of all --set lists, first --set varying slowest. A path under job. or
+  // cluster. sets the trace's header (timeouts, spares, repair time); any other, the policy.
+  struct Point {
+    std::string label;
+    nlohmann::json policy;
+    nlohmann::json header;  // the trace's first line
+  };
+  const std::string text = write_trace(trace);
+  const size_t header_end = text.find('\n');
+  std::vector<Point> points{{"", base, nlohmann::json::parse(text.substr(0, header_end))}};
   for (const auto& s : sets) {
     auto [path, values] = parse_set(s);
-    std::vector<std::pair<std::string, nlohmann::json>> next;
-    for (const auto& [label, cfg] : points)
+    const bool of_trace = path.rfind("job.", 0) == 0 || path.rfind("cluster.", 0) == 0;
+    std::vector<Point> next;
+    for (const auto& p : points)
       for (const auto& v : values) {
-        nlohmann::json c = cfg;
-        set_config_path(c, path, v);
-        next.emplace_back(label + (label.empty() ? "" : " ") + path + "=" + v, c);
+        Point q = p;
+        set_config_path(of_trace ? q.header : q.policy, path, v);
+        q.label += (q.label.empty() ? "" : " ") + path + "=" + v;
+        next.push_back(std::move(q));
       }
     points = std::move(next);
   }
   std::vector<PolicySet> policies;
-  for (const auto& [label, cfg] : points) {
+  std::vector<Trace> traces;
+  for (const auto& p : points) {
     try {
-      policies.push_back(load_policy(cfg));
+      policies.push_back(load_policy(p.policy));
     } catch (const PolicyError& e) {
-      throw PolicyError(label + ": " + e.what());
+      throw PolicyError(p.label + ": " + e.what());
     }
-    policies.back().name = label;
+    policies.back().name = p.label;
+    traces.push_back(parse_trace(p.header.dump() + text.substr(header_end), trace_path + " with " + p.label));
+    traces.back().path = trace_path;
   }
   std::vector<Summary> rows;
   auto bar = progress_bar("sweep");
@@ -312,7 +329,7 @@ int cmd_sweep(const std::string& trace_path, const std::string& policy_path, con
     std::function<void(int, int)> prog;
     if (bar) prog = [&, i](int d, int) { bar(static_cast<int>(i) * mc.runs + d, total); };
     MonteCarloOptions o{mc.seed, mc.runs, mc.threads, true, prog};
-    rows.push_back(summarize(points[i].first, run_monte_carlo(trace, policies[i], o)));
+    rows.push_back(summarize(points[i].label, run_monte_carlo(traces[i], policies[i], o)));
   }
   size_t best = 0;
   for (size_t i = 1; i < rows.size(); ++i)
@@ -439,7 +456,10 @@ int main(int argc, char** argv) {
   auto* sweep = app.add_subcommand("sweep", "Monte Carlo sweep of policy settings (mean, p5, p95 goodput)");
   sweep->add_option("trace", trace_path, "Trace file with failure_rates")->required();
   sweep->add_option("--policy", policy_path, "Base policy JSON (default: the default policy)");
-  sweep->add_option("--set", sets, "PATH=V1,V2,... e.g. checkpoint.interval=10m,20m,40m (repeatable)")->required();
+  sweep->add_option("--set", sets,
+                    "PATH=V1,V2,... e.g. checkpoint.interval=10m,20m,40m; job.* and cluster.* set the trace, e.g. "
+                    "job.hang_timeout=1m,5m (repeatable)")
+      ->required();
   add_mc(sweep);
   sweep->callback([&] { rc = cmd_sweep(trace_path, policy_path, sets, mc, format, html); });
 

@@ -146,6 +146,17 @@ struct StatusObserved {
   std::string status;
 };
 
+// The job made no progress from `stalled_since` (the rank on `node` stopped advancing) and nothing was
+// done about it: a pause that ended by itself (resumed: progress resumed at this event's time), or a
+// hang that the job's spec says to leave alone (not resumed: it still is; a later stall_observed with
+// resumed, or a failure, ends it). The time goes to the "stall" loss.
+struct StallObserved {
+  NodeId node = 0;
+  Time stalled_since = 0;
+  bool resumed = false;
+  std::string reason;
+};
+
 // Someone asked to check these nodes again (an operator's `goodput check`, with the fault drill to
 // play in each check, if any): training stops, each runs the pre-flight check, and the job restarts
 // from its newest checkpoint once the whole world has a verdict. The time goes to restart.
@@ -208,7 +219,7 @@ using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpa
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
                                   RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved,
-                                  CheckRequested>;
+                                  CheckRequested, StallObserved>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

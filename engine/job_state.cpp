@@ -8,7 +8,8 @@ namespace goodput {
 namespace {
 constexpr std::array<std::string_view, kLossCount> kLossNames = {
     "detection",       "restart",          "scheduling", "rendezvous", "checkpoint_load",
-    "recompute",       "checkpoint_save",  "reduced_capacity", "slowdown", "idle"};
+    "recompute",       "checkpoint_save",  "reduced_capacity", "slowdown", "idle",
+    "stall"};
 constexpr std::array<std::string_view, 8> kPhaseNames = {"not_started", "scheduling", "idle",     "restart",
                                                          "rendezvous",  "checkpoint_load", "training", "finished"};
 template <class T> void grow(std::vector<T>& v, NodeId n, T fill) {
@@ -74,6 +75,11 @@ void JobState::accrue(Time until) {
   if (ph != Phase::Training) full_speed_since_ = kNever;
   switch (ph) {
     case Phase::Training: {
+      if (stalled_) {
+        full_speed_since_ = kNever;
+        add_loss(Loss::Stall, dt);
+        break;
+      }
       // Full-job-equivalent progress: capacity share of the world, divided by the straggler factor.
       const int32_t n = std::max(job_.nodes, 1);
       const bool full = training_world_ >= n;  // the usual case needs no 128-bit division
@@ -98,6 +104,19 @@ void JobState::accrue(Time until) {
   }
 }
 
+void JobState::stop_credit_at(Time since) {
+  // Other events may have credited training past the stall before anyone knew of it (a live master
+  // hears of a dead trainer a moment late). At full speed that credit is exactly the time: take it
+  // back, so the stall-to-notice time is all the caller's.
+  if (since < accrued_to_ && since >= full_speed_since_) {
+    const Duration back = accrued_to_ - since;
+    progress_ -= std::min(back, progress_);
+    accel_held_ -= static_cast<double>(back) * held_count_ * job_.accelerators_per_node;
+    accrued_to_ = since;
+  }
+  accrue(std::clamp(since, accrued_to_, now_));
+}
+
 void JobState::apply(const Event& e) {
   last_seq_ = e.seq;
   now_ = std::max(now_, e.time);
@@ -115,18 +134,9 @@ void JobState::apply(const Event& e) {
           start_ = accrued_to_ = now_ = e.time;
           world_size_ = p.nodes;
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
-          if (stage_ == Stage::Training) {
-            // Other events may have credited training past the stall before anyone knew of it (a
-            // live master hears of a dead trainer a moment late). At full speed that credit is
-            // exactly the time: take it back, so the stall-to-notice time is all detection.
-            if (p.stalled_since < accrued_to_ && p.stalled_since >= full_speed_since_) {
-              const Duration back = accrued_to_ - p.stalled_since;
-              progress_ -= std::min(back, progress_);
-              accel_held_ -= static_cast<double>(back) * held_count_ * job_.accelerators_per_node;
-              accrued_to_ = p.stalled_since;
-            }
+          if (stage_ == Stage::Training && !stalled_) {
             // Progress stopped at stalled_since; the rest until now is detection latency.
-            accrue(std::clamp(p.stalled_since, accrued_to_, now_));
+            stop_credit_at(p.stalled_since);
             const Duration detection = now_ - accrued_to_;
             accel_held_ += static_cast<double>(detection) * held_count_ * job_.accelerators_per_node;
             add_loss(Loss::Detection, detection);
@@ -140,6 +150,15 @@ void JobState::apply(const Event& e) {
           grow(node_failures_, p.node, 0);
           if (p.node >= 0) ++node_failures_[p.node];
           stage_ = Stage::None;
+        } else if constexpr (std::is_same_v<T, StallObserved>) {
+          if (stage_ == Stage::Training) {
+            if (!stalled_) stop_credit_at(p.stalled_since);
+            stalled_ = true;  // from the stall to now: stall
+            accrue(now_);
+            stalled_ = !p.resumed;
+          } else {
+            accrue(now_);
+          }
         } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
           const Duration blocking =
               std::clamp<Duration>(p.blocking * std::max<int64_t>(p.count, 1), 0, now_ - accrued_to_);
@@ -212,6 +231,7 @@ void JobState::apply(const Event& e) {
         }
       },
       e.payload);
+  if (stage_ != Stage::Training) stalled_ = false;  // a restart ends any stall
 }
 
 }  // namespace goodput

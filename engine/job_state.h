@@ -26,8 +26,9 @@ enum class Loss : uint8_t {
   ReducedCapacity,  // training with fewer nodes than the target world
   Slowdown,         // training slowed by a straggler
   Idle,             // waiting for a spare node, or after giving up
+  Stall,            // trainers up but not advancing, and nothing done: a pause that passed, a hang left alone
 };
-constexpr int kLossCount = 10;
+constexpr int kLossCount = 11;
 std::string_view to_string(Loss l);
 
 // Where the job is; derived from what it has seen.
@@ -95,6 +96,9 @@ class JobState {
  private:
   enum class Stage : uint8_t { None, Restart, Rendezvous, Load, Training };
   void accrue(Time until);
+  // Progress stopped at `since` and we hear of it now: take back what was credited since then (at
+  // full speed that is exactly the time) and accrue up to `since`; returns the time taken back.
+  void stop_credit_at(Time since);
   void add_loss(Loss l, Duration d) { loss_[static_cast<size_t>(l)] += d; }
   void set_held(NodeId n, bool held);
   void recompute_slowdown();
@@ -110,6 +114,7 @@ class JobState {
   Time accrued_to_ = 0;
   static constexpr Time kNever = INT64_MAX;
   Time full_speed_since_ = kNever;  // training at full capacity and speed without a break since
+  bool stalled_ = false;            // training, but no progress since a stall_observed (not resumed)
   uint64_t last_seq_ = 0;
   Stage stage_ = Stage::None;
 

@@ -50,7 +50,8 @@ const char* phase_colour(Phase p) {
 }
 const char* loss_colour(int i) {
   static const char* c[kLossCount] = {"#8c564b", "#e4572e", "#e0a526", "#c2448f", "#3f7fbf",
-                                      "#d62728", "#17becf", "#bcbd22", "#9467bd", "#9e9e9e"};
+                                      "#d62728", "#17becf", "#bcbd22", "#9467bd", "#9e9e9e",
+                                      "#5d4e8c"};
   return c[i];
 }
 

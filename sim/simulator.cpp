@@ -135,6 +135,7 @@ void Simulator::start_training(int64_t step) {
   seg_time_ = clock_.now();
   training_ = true;
   stalled_ = false;
+  paused_ = false;
   slowdown_ = slowdown_max();
   schedule_training();
 }
@@ -318,6 +319,16 @@ void Simulator::on_trace_event(const TraceEvent& e) {
     case TraceEventType::NodeReturn:
       if (mach.state == MachineState::Down) queue_.push(clock_.now(), Item{ItemKind::Repaired, m, 0, mach.gen});
       return;
+    case TraceEventType::Pause:
+      // Only a running job can pause; one paused longer than the hang timeout is taken for a hang.
+      if (mach.state != MachineState::InJob || !training_) return;
+      if (e.duration >= trace_.job.hang_timeout) break;
+      stall();
+      stop_training();
+      paused_ = true;
+      pause_reason_ = e.reason.empty() ? "paused for " + format_duration(e.duration) : e.reason;
+      queue_.push(clock_.now() + e.duration, Item{ItemKind::PauseEnd, m, 0, ++pause_gen_});
+      return;
     case TraceEventType::Slowdown:
       if (mach.state == MachineState::Down) return;
       ++mach.slowdown_gen;
@@ -356,6 +367,7 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
   }
   if (training_ || !stalled_) stall();
   stop_training();
+  paused_ = false;
   ++restart_gen_;  // a restart in progress cannot complete without this node
   FailureObserved f;
   f.node = m;
@@ -368,6 +380,9 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
       f.exit_code = e.exit_code;
       f.signal = e.signal;
       break;
+    case TraceEventType::Pause:  // longer than the hang timeout: nobody can tell it from a hang
+      if (f.reason.empty()) f.reason = "no progress (a pause of " + format_duration(e.duration) + ")";
+      [[fallthrough]];
     case TraceEventType::Hang:
       f.kind = FailureKind::Hang;
       f.exit_code = 0;
@@ -436,6 +451,17 @@ void Simulator::handle(const Item& item) {
       try_fill();
       return;
     }
+    case ItemKind::PauseEnd:
+      if (!paused_ || item.gen != pause_gen_) return;
+      // The job goes on by itself from where it stopped; what the pause cost is a stall.
+      paused_ = false;
+      stalled_ = false;
+      training_ = true;
+      seg_time_ = clock_.now();
+      slowdown_ = slowdown_max();
+      schedule_training();
+      master_.observe(StallObserved{item.a, stalled_since_, true, pause_reason_});
+      return;
     case ItemKind::SlowdownEnd: {
       Machine& mach = machines_[item.a];
       if (mach.slowdown_gen != item.gen || mach.state == MachineState::Down) return;
@@ -499,6 +525,7 @@ void Simulator::execute(const Event& d) {
           if (p.action != RecoveryAction::RelaunchNode && p.action != RecoveryAction::RelaunchWithMoreMemory) return;
           const int32_t s = machines_[p.node].slot;
           if (s < 0 || slots_[s].machine != p.node) return;  // already out of the job
+          paused_ = false;
           if (training_) {  // a planned replacement: the job stops now and restarts with the new node
             stall();
             stop_training();
@@ -519,6 +546,7 @@ void Simulator::execute(const Event& d) {
           reanchor();
         } else if constexpr (std::is_same_v<T, RestartJob>) {
           stop_training();
+          paused_ = false;
           ++restart_gen_;
           restart_ = p;
           // A machine that is down cannot start its trainer: the restart fails and is noticed.

@@ -34,7 +34,7 @@ class Simulator final : public Backend {
  private:
   enum class ItemKind : uint8_t {
     Detect, Joined, JoinedBatch, OomAgain, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
-    NoSpare
+    NoSpare, PauseEnd
   };
   struct Item {
     ItemKind kind;
@@ -105,6 +105,9 @@ class Simulator final : public Backend {
   bool training_ = false;
   bool stalled_ = false;
   Time stalled_since_ = 0;
+  bool paused_ = false;     // in a pause that will pass by itself (a restart or a failure ends it sooner)
+  uint64_t pause_gen_ = 0;
+  std::string pause_reason_;
   Time seg_time_ = 0;
   int64_t seg_work_ = 0;  // ns of full-speed work done at seg_time_ (step = work / step_time)
   int32_t world_ = 0;

@@ -12,8 +12,8 @@
 namespace goodput {
 namespace {
 
-constexpr std::array<std::string_view, 6> kTypes = {"node_failure", "process_crash", "hang",
-                                                    "slowdown",     "maintenance",   "node_return"};
+constexpr std::array<std::string_view, 7> kTypes = {"node_failure", "process_crash", "hang",  "slowdown",
+                                                    "maintenance",  "node_return",   "pause"};
 
 std::optional<TraceEventType> type_from(std::string_view s) {
   for (size_t i = 0; i < kTypes.size(); ++i)
@@ -60,12 +60,16 @@ FailureRate read_rate(ConfigReader& r) {
   const std::string type = r.text("type", "");
   auto t = type_from(type);
   if (!t || *t == TraceEventType::Slowdown || *t == TraceEventType::NodeReturn)
-    r.fail("type", "must be node_failure, process_crash, hang or maintenance");
+    r.fail("type", "must be node_failure, process_crash, hang, maintenance or pause");
   f.type = *t;
   f.reason = r.text("reason", "");
   f.per_node_hour = r.number("per_node_hour", -1, 0, 1e6);
   if (f.per_node_hour < 0) r.fail("per_node_hour", "is missing");
   f.exit_code = static_cast<int32_t>(r.integer("exit_code", 1, -1000, 1000));
+  if (f.type == TraceEventType::Pause) {
+    f.duration = r.duration("duration", 0);
+    if (f.duration <= 0) r.fail("duration", "is missing (how long each pause lasts)");
+  }
   r.finish();
   return f;
 }
@@ -192,10 +196,9 @@ Trace parse_trace(const std::string& text, const std::string& file) {
       e.memory_needed_permille = static_cast<int32_t>(needed * 1000.0 + 0.5);
       if (r.has("memory_needed") && (e.type != TraceEventType::ProcessCrash || needed <= 1.0))
         r.fail("memory_needed", "applies to process_crash only, as a factor above 1");
-      e.duration = r.duration(e.type == TraceEventType::Slowdown ? "duration"
-                              : e.memory_needed_permille ? "recur_after"
-                                                         : "repair",
-                              0);
+      const bool timed = e.type == TraceEventType::Slowdown || e.type == TraceEventType::Pause;
+      e.duration = r.duration(timed ? "duration" : e.memory_needed_permille ? "recur_after" : "repair", 0);
+      if (e.type == TraceEventType::Pause && e.duration <= 0) r.fail("duration", "is missing (how long the pause lasts)");
       r.finish();
       t.events.push_back(std::move(e));
     } catch (const ConfigError& e) {
@@ -248,6 +251,7 @@ std::string write_trace(const Trace& t) {
     for (const FailureRate& r : t.rates) {
       nlohmann::ordered_json x = {{"type", to_string(r.type)}, {"reason", r.reason}, {"per_node_hour", r.per_node_hour}};
       if (r.type == TraceEventType::ProcessCrash) x["exit_code"] = r.exit_code;
+      if (r.type == TraceEventType::Pause) x["duration"] = dur(r.duration);
       rates.push_back(x);
     }
   }
@@ -267,7 +271,9 @@ std::string write_trace(const Trace& t) {
     if (e.type == TraceEventType::Slowdown) j["factor"] = e.slowdown_permille / 1000.0;
     if (e.memory_needed_permille) j["memory_needed"] = e.memory_needed_permille / 1000.0;
     if (e.duration)
-      j[e.type == TraceEventType::Slowdown ? "duration" : e.memory_needed_permille ? "recur_after" : "repair"] = dur(e.duration);
+      j[e.type == TraceEventType::Slowdown || e.type == TraceEventType::Pause ? "duration"
+        : e.memory_needed_permille                                            ? "recur_after"
+                                                                              : "repair"] = dur(e.duration);
     out += j.dump() + "\n";
   }
   return out;
@@ -290,6 +296,7 @@ std::vector<TraceEvent> generate_failures(const Trace& t, uint64_t seed) {
       e.rank = static_cast<int32_t>(rng.below(static_cast<uint64_t>(t.cluster.nodes)));
       e.reason = r.reason;
       e.exit_code = r.exit_code;
+      e.duration = r.duration;
       out.push_back(std::move(e));
     }
   }

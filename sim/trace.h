@@ -40,7 +40,7 @@ struct JobSpec {
   Duration rendezvous = 10 * kSecond;
   Duration exit_detection = 1 * kSecond;     // a process exit reaches the master
   Duration heartbeat_timeout = 30 * kSecond;  // a dead node is noticed
-  Duration hang_timeout = 10 * kMinute;       // a hung job is noticed (NCCL default)
+  Duration hang_timeout = 5 * kMinute;        // a hung job is noticed (tuned on traces/stalls-54d.jsonl)
   // Only in a trace made from a recorded log (`trace_from_log`), not in the file format: what
   // restart k of that run took to start its processes and to form its group (-1: not measured).
   // The simulator uses them for restart k, and the medians above otherwise, so a log replayed
@@ -56,7 +56,9 @@ struct JobSpec {
   }
 };
 
-enum class TraceEventType : uint8_t { NodeFailure, ProcessCrash, Hang, Slowdown, Maintenance, NodeReturn };
+// Pause: the job stops advancing for `duration` and then goes on by itself (a slow collective
+// after a network flap, a storage stall); one longer than the hang timeout is taken for a hang.
+enum class TraceEventType : uint8_t { NodeFailure, ProcessCrash, Hang, Slowdown, Maintenance, NodeReturn, Pause };
 std::string_view to_string(TraceEventType t);
 
 struct TraceEvent {
@@ -68,7 +70,7 @@ struct TraceEvent {
   int32_t exit_code = 1;
   int32_t signal = 0;
   int32_t slowdown_permille = 1000;
-  Duration duration = 0;  // slowdown: how long (0: until the node leaves); failures: repair override
+  Duration duration = 0;  // slowdown: how long (0: until the node leaves); pause: how long; failures: repair override
   // process_crash from running out of memory: the rank's process needs this much of its current
   // memory limit (1000 = as much); until its slot gets that much, it crashes again after every
   // restart, `duration` into training (default 10 min).
@@ -82,6 +84,7 @@ struct FailureRate {
   std::string reason;
   double per_node_hour = 0;
   int32_t exit_code = 1;
+  Duration duration = 0;  // pause: how long each lasts
 };
 
 struct Trace {

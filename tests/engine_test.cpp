@@ -36,7 +36,8 @@ std::vector<EventPayload> one_of_each() {
           ShardsAssigned{1, 4, {9}},
           NodeChecked{2, 2, 0, 41'000, true, 950, false, "faulty", "link to node 0 failed in both rounds"},
           StatusObserved{"pod", "kubetest-1-w-0", "Running on kind-worker2; trainer running"},
-          CheckRequested{{0, 2}, "slow:3", "operator: node 2 looks slow"}};
+          CheckRequested{{0, 2}, "slow:3", "operator: node 2 looks slow"},
+          StallObserved{1, 4 * kSecond, true, "no progress for 00:01:00.0"}};
 }
 }  // namespace
 
@@ -117,6 +118,40 @@ TEST_CASE("durations parse from people's notation and reject the rest") {
   CHECK(format_seconds(1'500'000'000) == "1.500000000");
   CHECK(format_duration(119'960'000'000) == "00:02:00.0");  // rounds before splitting, never "01:60.0"
   CHECK(format_duration(59'949'000'000) == "00:00:59.9");
+}
+
+TEST_CASE("a stall left alone is a stall until it moves again, and a failure during one ends it") {
+  JobState s;
+  uint64_t seq = 0;
+  auto apply = [&](Time t, EventPayload p) { s.apply(Event{++seq, t, std::move(p)}); };
+  apply(0, JobStarted{"j", 2, 8, kSecond, 0, 0, 1, 1, "p"});
+  apply(0, NodeJoined{0, 0, "n0"});
+  apply(0, NodeJoined{1, 1, "n1"});
+  apply(0, RestartJob{2, 0, 0, 0, Tier::None});
+  apply(0, ProcessesStarted{2, 0});
+  apply(0, RendezvousComplete{2, 0});
+  apply(0, CheckpointLoaded{0, Tier::None, 0});
+  // No progress since 100 s, reported (and left alone) at 130 s, moving again at 170 s.
+  apply(130 * kSecond, StallObserved{1, 100 * kSecond, false, "no progress"});
+  CHECK(s.phase() == Phase::Training);
+  CHECK(s.productive() == 100 * kSecond);
+  CHECK(s.loss(Loss::Stall) == 30 * kSecond);
+  apply(150 * kSecond, CheckpointSaved{100, Tier::Memory, 0, false});  // still stalled: no credit
+  CHECK(s.productive() == 100 * kSecond);
+  apply(170 * kSecond, StallObserved{1, 100 * kSecond, true, "progress resumed"});
+  CHECK(s.loss(Loss::Stall) == 70 * kSecond);
+  apply(200 * kSecond, StallObserved{0, 190 * kSecond, true, "paused for 10s"});  // a pause that passed
+  CHECK(s.loss(Loss::Stall) == 80 * kSecond);
+  CHECK(s.productive() == 120 * kSecond);
+  // Stalled again and a failure: the stall ends where the failure begins; nothing is counted twice.
+  apply(210 * kSecond, StallObserved{1, 205 * kSecond, false, "no progress"});
+  apply(220 * kSecond, FailureObserved{1, FailureKind::Hang, 0, 0, "operator", 205 * kSecond});
+  CHECK(s.loss(Loss::Stall) == 95 * kSecond);
+  CHECK(s.loss(Loss::Detection) == 0);
+  CHECK(s.productive() == 125 * kSecond);
+  CHECK(s.phase() == Phase::Restart);
+  apply(230 * kSecond, JobFinished{"stopped", 125});
+  CHECK(s.productive() + s.losses_total() == s.wall());
 }
 
 TEST_CASE("the fold attributes detection from the stall to the observation") {

@@ -336,3 +336,78 @@ TEST_CASE("an OOM recurs until the rank gets more memory: diagnosis fixes it, re
   CHECK(make_report(a).goodput > make_report(b).goodput + 0.05);
   check_sums(b);
 }
+
+TEST_CASE("a pause shorter than the hang timeout costs its length as a stall; a longer one is taken for a hang") {
+  // The hang timeout is 5 min. A 2 min pause at 1000 s passes by itself: nothing is decided, and
+  // exactly its 120 s are a stall. A 7 min pause at 2000 s is noticed at 2300 s as a hang and the
+  // processes restart from the memory checkpoint.
+  Trace t = small_trace(4000 * kSecond);
+  TraceEvent short_pause = failure(1000 * kSecond, TraceEventType::Pause, "n1", t);
+  short_pause.duration = 2 * kMinute;
+  TraceEvent long_pause = failure(2000 * kSecond, TraceEventType::Pause, "n2", t, "storage stall");
+  long_pause.duration = 7 * kMinute;
+  t.events = {short_pause, long_pause};
+  MemoryStore log;
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{}, {&log});
+  const JobState& s = sim.run();
+  CHECK(s.loss(Loss::Stall) == 120 * kSecond);
+  CHECK(s.failures() == 1);
+  CHECK(s.failures_by(Diagnosis::Unknown) == 1);
+  CHECK(s.decisions_by(RecoveryAction::RestartProcess) == 1);
+  CHECK(s.loss(Loss::Detection) == 5 * kMinute);
+  std::vector<Event> stalls, failures;
+  for (const Event& e : log.events()) {
+    if (std::holds_alternative<StallObserved>(e.payload)) stalls.push_back(e);
+    if (std::holds_alternative<FailureObserved>(e.payload)) failures.push_back(e);
+  }
+  REQUIRE(stalls.size() == 1);
+  const auto& st = std::get<StallObserved>(stalls[0].payload);
+  CHECK(st.stalled_since == 1000 * kSecond);
+  CHECK(stalls[0].time == 1120 * kSecond);
+  CHECK(st.resumed);
+  CHECK(st.reason == "paused for 00:02:00.0");
+  REQUIRE(failures.size() == 1);
+  const auto& f = std::get<FailureObserved>(failures[0].payload);
+  CHECK(f.kind == FailureKind::Hang);
+  CHECK(f.stalled_since == 2000 * kSecond);
+  CHECK(failures[0].time == 2300 * kSecond);
+  CHECK(f.reason == "storage stall");
+  // The short pause alone against no pause at all: 120 s less training, give or take a save.
+  Trace with = t, without = t;
+  with.events = {short_pause};
+  without.events.clear();
+  const JobState a = Simulator(with, policy(kFlashEvery100), SimOptions{}).run();
+  const JobState w = Simulator(without, policy(kFlashEvery100), SimOptions{}).run();
+  const Duration save = CheckpointCosts::from(t.job_started("x")).save(Tier::Memory);
+  const Duration diff = w.productive() - a.productive();
+  CHECK(diff >= 120 * kSecond - 2 * save);
+  CHECK(diff <= 120 * kSecond + 2 * save);
+  check_sums(s);
+}
+
+TEST_CASE("a trace's pauses are read, written and drawn from rates with their duration") {
+  const std::string text =
+      R"({"format":"goodput-trace","version":1,"name":"p","cluster":{"nodes":4},"job":{"duration":"10h"},)"
+      R"("failure_rates":[{"type":"pause","reason":"link flap","per_node_hour":0.5,"duration":"3m"}]})"
+      "\n"
+      R"({"t":10,"type":"pause","rank":2,"duration":"90s"})"
+      "\n";
+  const Trace t = parse_trace(text, "p.jsonl");
+  REQUIRE(t.events.size() == 1);
+  CHECK(t.events[0].type == TraceEventType::Pause);
+  CHECK(t.events[0].duration == 90 * kSecond);
+  CHECK(t.rates.at(0).duration == 3 * kMinute);
+  CHECK(write_trace(parse_trace(write_trace(t), "again")) == write_trace(t));
+  const auto drawn = generate_failures(t, 3);
+  REQUIRE(drawn.size() > 5);
+  for (const TraceEvent& e : drawn) CHECK(e.duration == 3 * kMinute);
+  CHECK_THROWS_WITH(parse_trace(R"({"format":"goodput-trace","version":1,"cluster":{"nodes":4},"job":{"duration":"1h"}})"
+                                "\n"
+                                R"({"t":10,"type":"pause","rank":2})",
+                                "q.jsonl"),
+                    doctest::Contains("q.jsonl:2: field 'duration' is missing"));
+  CHECK_THROWS_WITH(parse_trace(R"({"format":"goodput-trace","version":1,"cluster":{"nodes":4},"job":{"duration":"1h"},)"
+                                R"("failure_rates":[{"type":"pause","per_node_hour":1}]})",
+                                "r.jsonl"),
+                    doctest::Contains("duration"));
+}

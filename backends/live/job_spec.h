@@ -93,8 +93,11 @@ struct JobSpec {
   int64_t memory_limit_mb = 0;        // address-space limit of each trainer (prlimit); 0: none
   Duration heartbeat_interval = 250 * kMillisecond;
   Duration heartbeat_timeout = 5 * kSecond;
-  Duration hang_timeout = 30 * kSecond;  // a trainer that reports nothing this long is hung
+  Duration hang_timeout = 5 * kMinute;  // a trainer that reports nothing this long is hung (see the README)
   Duration failure_settle = 300 * kMillisecond;  // collect the exits one failure causes, then diagnose
+  // What a hang leads to: "recover" (a failure for the recovery policy: restart or relaunch) or
+  // "report" (stacks dumped and the stall logged, the job left as it is until it moves again).
+  std::string hang_action = "recover";
   double straggler_factor = 1.5;  // a rank doing this many times the typical rank's work per step; 0: off
   NodeCheckSpec node_check;
   std::string backend = "local";  // "local", "ray" or "kubernetes"

@@ -162,6 +162,9 @@ void LiveMaster::append(const Event& e) {
             n.check_round = 0;
             n.check_fault = p.fault;
           }
+        } else if constexpr (std::is_same_v<T, StallObserved>) {
+          if (p.resumed) stall_.reset();
+          else stall_ = p;
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           last_failure_hang_ = p.kind == FailureKind::Hang;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
@@ -180,6 +183,7 @@ void LiveMaster::append(const Event& e) {
           restart_ = p;
           run_at_ = e.time + p.delay;
           rdzv_port_ = 0;  // execute() picks a free one
+          stall_.reset();
           last_assigned_.clear();
           gen_saves_ = gen_blocking_ns_ = 0;
         } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
@@ -639,6 +643,23 @@ void LiveMaster::advance() {
           culprit = n;
       }
       if (culprit) kind = FailureKind::Hang;
+      if (spec_.hang_action == "report") {
+        // Left alone: say so once, with every trainer's stacks, and say when it moves again.
+        if (culprit && !stall_) {
+          const Trainer& t = culprit->trainer;
+          for (Node* n : w) n->inject.push_back("dump-stacks");
+          observe(StallObserved{culprit->id, t.last_progress, false,
+                                "no progress for " + format_duration(now - t.last_progress) + " at step " +
+                                    std::to_string(t.step) + (t.stopped ? " (process stopped)" : "") +
+                                    "; left alone (hang_action report)"});
+          continue;
+        }
+        if (!hung && stall_) {
+          observe(StallObserved{stall_->node, stall_->stalled_since, true, "progress resumed"});
+          continue;
+        }
+        culprit = nullptr;
+      }
     }
     if (culprit) {
       if (kind == FailureKind::ProcessExit && settle_until_ && now < *settle_until_) return;  // tick() comes back

@@ -212,6 +212,7 @@ class LiveMaster final : public Backend, public EventSink {
   bool in_advance_ = false;
   bool ticking_ = false;
   bool last_failure_hang_ = false;
+  std::optional<StallObserved> stall_;    // a hang reported and left alone (hang_action "report"), until it moves
   std::set<int32_t> waiting_slots_;       // vacant slots reported as NoSpareNode
   int32_t launches_lost_ = 0;             // nodes lost before they joined, since one last joined
   int64_t unauthorized_ = 0;
