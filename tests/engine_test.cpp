@@ -120,10 +120,10 @@ TEST_CASE("durations parse from people's notation and reject the rest") {
   CHECK(format_duration(59'949'000'000) == "00:00:59.9");
 }
 
-TEST_CASE("a stall left alone is a stall until it moves again, and a failure during one ends it") {
-  JobState s;
-  uint64_t seq = 0;
-  auto apply = [&](Time t, EventPayload p) { s.apply(Event{++seq, t, std::move(p)}); };
+namespace {
+// A two-node job training from step 0 at time 0; returns apply(time, payload) for what follows.
+auto training_from_zero(JobState& s) {
+  auto apply = [&s, seq = uint64_t{0}](Time t, EventPayload p) mutable { s.apply(Event{++seq, t, std::move(p)}); };
   apply(0, JobStarted{"j", 2, 8, kSecond, 0, 0, 1, 1, "p"});
   apply(0, NodeJoined{0, 0, "n0"});
   apply(0, NodeJoined{1, 1, "n1"});
@@ -131,6 +131,13 @@ TEST_CASE("a stall left alone is a stall until it moves again, and a failure dur
   apply(0, ProcessesStarted{2, 0});
   apply(0, RendezvousComplete{2, 0});
   apply(0, CheckpointLoaded{0, Tier::None, 0});
+  return apply;
+}
+}  // namespace
+
+TEST_CASE("a stall left alone is a stall until it moves again, and a failure during one ends it") {
+  JobState s;
+  auto apply = training_from_zero(s);
   // No progress since 100 s, reported (and left alone) at 130 s, moving again at 170 s.
   apply(130 * kSecond, StallObserved{1, 100 * kSecond, false, "no progress"});
   CHECK(s.phase() == Phase::Training);
@@ -156,15 +163,7 @@ TEST_CASE("a stall left alone is a stall until it moves again, and a failure dur
 
 TEST_CASE("the fold attributes detection from the stall to the observation") {
   JobState s;
-  uint64_t seq = 0;
-  auto apply = [&](Time t, EventPayload p) { s.apply(Event{++seq, t, std::move(p)}); };
-  apply(0, JobStarted{"j", 2, 8, kSecond, 0, 0, 1, 1, "p"});
-  apply(0, NodeJoined{0, 0, "n0"});
-  apply(0, NodeJoined{1, 1, "n1"});
-  apply(0, RestartJob{2, 0, 0, 0, Tier::None});
-  apply(0, ProcessesStarted{2, 0});
-  apply(0, RendezvousComplete{2, 0});
-  apply(0, CheckpointLoaded{0, Tier::None, 0});
+  auto apply = training_from_zero(s);
   apply(100 * kSecond, CheckpointSaved{100, Tier::Memory, 0, false});
   // Stalled at 150 s, observed at 180 s: 50 s trained past the checkpoint, 30 s of detection.
   apply(180 * kSecond, FailureObserved{1, FailureKind::NodeLost, 0, 0, "", 150 * kSecond});
