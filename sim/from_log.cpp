@@ -137,6 +137,15 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
               raw[it->second].second.duration = e.time - start - raw[it->second].second.t;
               open_slowdown.erase(it);
             }
+          } else if constexpr (std::is_same_v<T, StallObserved>) {
+            if (p.resumed) {  // a stall that ended by itself replays as a pause of its length
+              TraceEvent te;
+              te.t = std::max<Time>(0, std::min(p.stalled_since, e.time) - start);
+              te.type = TraceEventType::Pause;
+              te.duration = std::max<Duration>(e.time - std::min(p.stalled_since, e.time), kMicrosecond);
+              te.reason = p.reason;
+              raw.emplace_back(p.node, te);
+            }
           } else if constexpr (std::is_same_v<T, NodeReturned>) {
             if (auto it = failed_at.find(p.node); it != failed_at.end()) {
               repair.push_back(e.time - it->second);

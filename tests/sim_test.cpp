@@ -6,6 +6,7 @@
 #include "report/report.h"
 #include "sim/montecarlo.h"
 #include "sim/policy_file.h"
+#include "sim/from_log.h"
 #include "sim/simulator.h"
 #include "test_util.h"
 
@@ -410,4 +411,22 @@ TEST_CASE("a trace's pauses are read, written and drawn from rates with their du
                                 R"("failure_rates":[{"type":"pause","per_node_hour":1}]})",
                                 "r.jsonl"),
                     doctest::Contains("duration"));
+}
+
+TEST_CASE("a recorded pause replays from the log as the same pause, and costs the same") {
+  Trace t = small_trace(4000 * kSecond);
+  TraceEvent pause = failure(1000 * kSecond, TraceEventType::Pause, "n1", t, "link flap");
+  pause.duration = 150 * kSecond;
+  t.events = {pause};
+  MemoryStore log;
+  const JobState recorded = Simulator(t, policy(kFlashEvery100), SimOptions{}, {&log}).run();
+  const Trace back = trace_from_log(log, "log");
+  REQUIRE(back.events.size() == 1);
+  CHECK(back.events[0].type == TraceEventType::Pause);
+  CHECK(back.events[0].t == 1000 * kSecond);
+  CHECK(back.events[0].duration == 150 * kSecond);
+  CHECK(back.events[0].reason == "link flap");
+  const JobState again = Simulator(back, policy(kFlashEvery100), SimOptions{}).run();
+  CHECK(again.loss(Loss::Stall) == recorded.loss(Loss::Stall));
+  CHECK(again.productive() == recorded.productive());
 }

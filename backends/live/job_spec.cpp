@@ -202,6 +202,8 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.hang_timeout = r.duration("hang_timeout", s.hang_timeout);
   s.failure_settle = r.duration("failure_settle", s.failure_settle);
   s.hang_action = r.text("hang_action", s.hang_action);
+  s.stall_after = r.duration("stall_after", s.stall_after);
+  if (s.stall_after < 0) r.fail("stall_after", "must not be negative");
   if (s.hang_action != "recover" && s.hang_action != "report") r.fail("hang_action", "must be \"recover\" or \"report\"");
   s.straggler_factor = r.number("straggler_factor", s.straggler_factor, 0, 1000);
   if (s.straggler_factor > 0 && s.straggler_factor < 1.05) r.fail("straggler_factor", "must be 0 (off) or above 1.05");

@@ -98,6 +98,10 @@ struct JobSpec {
   // What a hang leads to: "recover" (a failure for the recovery policy: restart or relaunch) or
   // "report" (stacks dumped and the stall logged, the job left as it is until it moves again).
   std::string hang_action = "recover";
+  // A job-wide silence this long that ends by itself (before hang_timeout) is logged as a stall
+  // (stall_observed), so pauses can be measured and replayed. 0: 20 step times, at least 10 s.
+  Duration stall_after = 0;
+  Duration stall_after_or_default() const { return stall_after > 0 ? stall_after : std::max(10 * kSecond, 20 * step_time); }
   double straggler_factor = 1.5;  // a rank doing this many times the typical rank's work per step; 0: off
   NodeCheckSpec node_check;
   std::string backend = "local";  // "local", "ray" or "kubernetes"

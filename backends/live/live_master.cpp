@@ -165,6 +165,7 @@ void LiveMaster::append(const Event& e) {
         } else if constexpr (std::is_same_v<T, StallObserved>) {
           if (p.resumed) stall_.reset();
           else stall_ = p;
+          pause_.reset();
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           last_failure_hang_ = p.kind == FailureKind::Hang;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
@@ -184,6 +185,7 @@ void LiveMaster::append(const Event& e) {
           run_at_ = e.time + p.delay;
           rdzv_port_ = 0;  // execute() picks a free one
           stall_.reset();
+          pause_.reset();
           last_assigned_.clear();
           gen_saves_ = gen_blocking_ns_ = 0;
         } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
@@ -659,6 +661,31 @@ void LiveMaster::advance() {
           continue;
         }
         culprit = nullptr;
+      }
+      if (!culprit && !stall_ && phase == Phase::Training) {
+        // A pause: no rank advanced for stall_after (the ranks wait on each other, so the job is
+        // silent as one). Logged when it moves again, as a stall from its start, with the rank that
+        // fell silent first; one that lasts to hang_timeout is a hang instead.
+        // Moving again means a new step (report times jitter by a millisecond from one heartbeat to the next).
+        Time newest = 0;
+        int64_t step = 0;
+        Node* first = nullptr;
+        for (Node* n : w) {
+          newest = std::max(newest, n->trainer.last_progress);
+          step = std::max(step, n->trainer.step);
+          if (!first || n->trainer.last_progress < first->trainer.last_progress) first = n;
+        }
+        if (!pause_ && now - newest >= spec_.stall_after_or_default()) {
+          pause_ = StallObserved{first->id, newest, true, ""};
+          pause_step_ = step;
+        } else if (pause_ && step > pause_step_) {
+          StallObserved p = *pause_;
+          pause_.reset();
+          p.reason = "no progress for " + format_duration(now - p.stalled_since) + " at step " +
+                     std::to_string(pause_step_) + ", then moving again";
+          observe(std::move(p));
+          continue;
+        }
       }
     }
     if (culprit) {

@@ -213,6 +213,8 @@ class LiveMaster final : public Backend, public EventSink {
   bool ticking_ = false;
   bool last_failure_hang_ = false;
   std::optional<StallObserved> stall_;    // a hang reported and left alone (hang_action "report"), until it moves
+  std::optional<StallObserved> pause_;    // a job-wide silence under way (not logged unless it ends by itself)
+  int64_t pause_step_ = 0;                // the newest step any rank had reported when it began
   std::set<int32_t> waiting_slots_;       // vacant slots reported as NoSpareNode
   int32_t launches_lost_ = 0;             // nodes lost before they joined, since one last joined
   int64_t unauthorized_ = 0;

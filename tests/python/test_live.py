@@ -477,6 +477,38 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(len(stacks), 1)
         self.assertGreater(os.path.getsize(stacks[0]), 0)
 
+    def test_a_pause_that_passes_before_the_hang_timeout_is_logged_as_a_stall_and_replays(self):
+        # Slot 1's trainer is stopped for 3 s (SIGSTOP, then SIGCONT) by the test: longer than
+        # stall_after (1.5 s), shorter than hang_timeout (6 s). Nothing is decided; the log says the
+        # job stood still and for how long, the report counts it as "stall", and the log replays
+        # in the simulator with the pause in it.
+        run = LiveRun(self, spec(total_steps=200, stall_after="1500ms"))
+        seen = {}
+
+        def during():
+            run.wait_for_step(60)
+            with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
+                seen["pid"] = [n["trainer"]["pid"] for n in json.loads(r.read())["nodes"] if n["slot"] == 1][0]
+            os.kill(seen["pid"], signal.SIGSTOP)
+            time.sleep(3)
+            os.kill(seen["pid"], signal.SIGCONT)
+
+        self.assertEqual(run.run_while(during), 0, run.diag())
+        ev = run.events()
+        # (A first step slow to come after a restore on two busy cores may be one too.)
+        stalls = [e for e in ev if e["type"] == "stall_observed"]
+        self.assertTrue(all(e["data"]["resumed"] for e in stalls), stalls)
+        stopped = [e for e in stalls if e["t"] - e["data"]["stalled_since_ns"] > 2.5e9]
+        self.assertEqual(len(stopped), 1, stalls)
+        self.assertLess(stopped[0]["t"] - stopped[0]["data"]["stalled_since_ns"], 5.5e9)
+        self.assertIn("then moving again", stopped[0]["data"]["reason"])
+        self.assertEqual(of_type(ev, "failure_observed"), [])
+        self.assertEqual(len(of_type(ev, "restart_job")), 1)
+        self.assertGreater(run.report()["losses_ns"]["stall"], 2.5e9)
+        replay = subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json"], capture_output=True,
+                                text=True, check=True)
+        self.assertGreater(json.loads(replay.stdout)["losses_ns"]["stall"], 2.5e9)
+
     def test_storage_that_cannot_be_written_costs_persistence_not_the_job(self):
         # The checkpoint storage path cannot be created (its parent is a device file: root can
         # write anywhere else). Training goes on on memory checkpoints, a killed trainer still
