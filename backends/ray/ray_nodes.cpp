@@ -1,6 +1,7 @@
 #include "backends/ray/ray_nodes.h"
 
 #include <cmath>
+#include <tuple>
 #include <iostream>
 
 namespace goodput::ray {
@@ -122,15 +123,43 @@ void RayNodes::report(Tracked& t, std::string reason, bool fatal) {
   lost_.push_back({t.name, std::move(reason), fatal});
 }
 
+void RayNodes::exclude(const std::string& name) {
+  std::lock_guard lock(mu_);
+  const auto it = nodes_.find(name);
+  if (it == nodes_.end() || it->second.ray_node.empty()) {
+    std::cerr << "goodput: ray: cannot keep later nodes off " << name << "'s machine: Ray never said where it ran\n";
+    return;
+  }
+  excluded_.insert(it->second.ray_node);
+  std::cerr << "goodput: ray: Ray node " << it->second.ray_node.substr(0, 12) << " (" << name
+            << "'s) is excluded: later nodes are pinned to other nodes\n";
+}
+
+std::string RayNodes::pinned_node_ip() const {
+  if (excluded_.empty()) return "";
+  // Spread over the alive nodes not excluded: workers before the head, fewest of this run's nodes first.
+  std::map<std::string, int> ours;
+  for (const auto& [name, t] : nodes_)
+    if (!t.ended && !t.ray_node.empty()) ++ours[t.ray_node];
+  const RayNode* best = nullptr;
+  auto key = [&](const RayNode& n) { return std::make_tuple(n.is_head_node, ours[n.node_id], n.node_ip); };
+  for (const RayNode& n : cluster_)
+    if (n.state == "ALIVE" && !excluded_.count(n.node_id) && !n.node_ip.empty() && (!best || key(n) < key(*best)))
+      best = &n;
+  if (!best) std::cerr << "goodput: ray: every alive Ray node is excluded; submitting without a pin\n";
+  return best ? best->node_ip : "";
+}
+
 bool RayNodes::run_command(const Command& c) {
   try {
     if (c.kind == Command::Submit) {
-      Tracked t;
+      SubmitRequest r;
       {
         std::lock_guard lock(mu_);
-        t = nodes_.at(c.name);
+        r = request_for(nodes_.at(c.name));
+        if (const std::string ip = pinned_node_ip(); !ip.empty()) r.resources["node:" + ip] = 0.001;
       }
-      client_.submit(request_for(t));
+      client_.submit(r);
       std::lock_guard lock(mu_);
       nodes_[c.name].submitted = true;
     } else {
@@ -202,6 +231,7 @@ void RayNodes::poll() {
   std::vector<std::string> failed;  // their logs are read outside the lock
   {
     std::lock_guard lock(mu_);
+    cluster_ = cluster;
     const auto now = std::chrono::steady_clock::now();
     for (auto& [name, t] : nodes_) {
       if (!t.submitted || t.ended) continue;
@@ -211,6 +241,7 @@ void RayNodes::poll() {
         continue;
       }
       const RayJob& j = *it->second;
+      if (!j.driver_node_id.empty()) t.ray_node = j.driver_node_id;
       if (j.status == "PENDING" && t.status != "PENDING") t.pending_since = now;
       if (j.status != t.status) changes_.push_back({"ray_job", name, j.status + " (" + j.submission_id + ")"});
       t.status = j.status;

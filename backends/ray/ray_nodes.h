@@ -6,6 +6,9 @@
 // and log tail, STOPPED, SUCCEEDED) or whose machine the State API lists as DEAD is a lost node; a
 // job still PENDING after pending_timeout is stopped and reported lost, so the policy resubmits it
 // (or gives up). A relaunch is stop + a new submission with the slot's (possibly larger) memory.
+// A machine excluded after a hardware error keeps later submissions away by pinning each to
+// another alive node through the `node:<ip>` resource every Ray node has (the Jobs API has no
+// anti-affinity of its own).
 //
 // All HTTP runs on one worker thread, so a slow or failing dashboard never stalls the master's
 // loop; calls retry with backoff, and submits are idempotent by submission_id.
@@ -15,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +51,7 @@ class RayNodes final : public live::NodeProvider {
   std::vector<live::LostNode> lost() override;
   void shut_down(int timeout_ms) override;
   std::vector<StatusObserved> status_changes() override;
+  void exclude(const std::string& name) override;
 
   // The submission a node's name maps to (stable: a retried submit reuses it).
   std::string submission_id(const std::string& name) const;
@@ -60,6 +65,7 @@ class RayNodes final : public live::NodeProvider {
     bool stopping = false;  // terminated by the master: its end is not a loss
     bool ended = false;
     std::string status;
+    std::string ray_node;  // the Ray node (id) its job's driver runs on, once placed
     std::chrono::steady_clock::time_point pending_since{};
   };
   struct Command {
@@ -75,6 +81,7 @@ class RayNodes final : public live::NodeProvider {
   bool run_command(const Command& c);  // false: the dashboard could not be reached; try again later
   void poll();
   SubmitRequest request_for(const Tracked& t) const;
+  std::string pinned_node_ip() const;  // with machines excluded: an alive node to pin a submission to
   void report(Tracked& t, std::string reason, bool fatal = false);
 
   RayNodesOptions o_;
@@ -85,6 +92,8 @@ class RayNodes final : public live::NodeProvider {
   std::map<std::string, Tracked> nodes_;
   std::vector<live::LostNode> lost_;
   std::vector<StatusObserved> changes_;
+  std::vector<RayNode> cluster_;         // the State API's nodes, as of the last poll
+  std::set<std::string> excluded_;       // Ray node ids no new node may run on
   int counter_ = 0;
   bool quit_ = false;
   bool dashboard_down_ = false;

@@ -210,6 +210,36 @@ class RayBackendTest(unittest.TestCase):
         self.assertEqual(of_type(ev, "checkpoint_loaded")[1]["tier"], "storage", "the dead node took its memory")
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
+    def test_a_node_that_fails_its_check_is_relaunched_on_another_ray_node(self):
+        # Slot 1's first node computes wrong products in its pre-flight check: a hardware error.
+        # Each emulated Ray node takes one of this job's nodes ("goodput_node": 1), so without
+        # exclusion the replacement would land on the machine just freed, the bad one. It is
+        # pinned (through Ray's own "node:<ip>" resource) to the third node instead, while the bad
+        # node is still ALIVE.
+        emu = Emulator(self)
+        check = {"compute": "200ms", "link_mib": 2, "straggler_factor": 1000,
+                 "faults": [{"slot": 1, "fault": "corrupt"}]}
+        run = LiveRun(self, ray_spec(emu, total_steps=60, node_check=check))
+        self.assertEqual(run.run(), 0, run.diag())
+        ev = run.events()
+        joined = {j["node"]: j for j in of_type(ev, "node_joined")}
+        faulty = [c for c in of_type(ev, "node_checked") if c["verdict"] == "faulty"]
+        self.assertEqual([joined[c["node"]]["name"] for c in faulty], ["ray-1"], of_type(ev, "node_checked"))
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
+                         [("hardware_error", "relaunch_node")])
+        bad_ip = emu.job_of("ray-1")["driver_info"]["node_ip_address"]
+        replacement = emu.job_of("ray-2")
+        self.assertNotEqual(replacement["driver_info"]["node_ip_address"], bad_ip)
+        self.assertEqual(replacement["status"], "SUCCEEDED")
+        pins = [k for k in [b for b in emu.submits() if b["submission_id"] == replacement["submission_id"]][0]
+                ["entrypoint_resources"] if k.startswith("node:")]
+        self.assertEqual(pins, ["node:" + replacement["driver_info"]["node_ip_address"]])
+        self.assertNotIn("node:", json.dumps([b["entrypoint_resources"] for b in emu.submits()
+                                              if b["submission_id"] != replacement["submission_id"]]))
+        alive = {n["node_ip"]: n["state"] for n in emu.json("GET", "/api/v0/nodes")["data"]["result"]["result"]}
+        self.assertEqual(alive[bad_ip], "ALIVE")
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_a_job_stuck_pending_is_given_up_and_resubmitted(self):
         emu = Emulator(self)
         emu.json("POST", "/_emulator/hold", {"count": 1})  # the first node's job never gets a machine
