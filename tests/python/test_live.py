@@ -616,6 +616,44 @@ class LiveTest(unittest.TestCase):
             proc.wait(timeout=20)
 
 
+class CollectiveProbeTest(unittest.TestCase):
+    """goodput.collective_probe on its own: two real processes all-reducing through torch.distributed."""
+
+    def probe(self, rank, port, *extra):
+        env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+        return subprocess.Popen(["/usr/bin/python3", "-m", "goodput.collective_probe", "--rank", str(rank), "--addr",
+                                 "127.0.0.1", "--port", str(port), "--bytes", str(1 << 20), "--timeout", "30", *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    @staticmethod
+    def has_cuda():
+        return subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.cuda.is_available())"],
+                              capture_output=True, text=True, check=True).stdout.strip() == "True"
+
+    def test_auto_picks_the_backend_the_node_has_and_measures_a_correct_sum(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [self.probe(r, port, "--backend", "auto") for r in (0, 1)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        has_cuda = self.has_cuda()
+        for p, (out, err) in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, err)
+            r = json.loads(out.strip().splitlines()[-1])
+            self.assertTrue(r["ok"], r)
+            self.assertEqual(r["backend"], "nccl" if has_cuda else "gloo")
+            self.assertGreater(r["mb_per_s"], 0)
+
+    def test_nccl_without_a_gpu_fails_with_the_reason(self):
+        if self.has_cuda():
+            self.skipTest("this machine has a CUDA device")
+        p = self.probe(0, 1, "--backend", "nccl")
+        out, err = p.communicate(timeout=120)
+        r = json.loads(out.strip().splitlines()[-1])
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn("needs a CUDA device", r["error"])
+
+
 class LiveResumeHostsTest(unittest.TestCase):
     def test_a_resumed_master_learns_node_hosts_again_from_heartbeats(self):
         run = LiveRun(self, spec(total_steps=100000, step_time="1s"))
