@@ -3,6 +3,7 @@ starts one agent process per node, the agents start real PyTorch DDP trainers (g
 faults are real signals (SIGKILL, SIGSTOP) and a real memory limit (prlimit). Every assertion reads
 what the job left behind: the SQLite event log, the trainers' progress files, the checkpoints."""
 
+import glob
 import http.client
 import json
 import os
@@ -53,6 +54,7 @@ class LiveRun:
         self.run_dir = os.path.join(self.dir, "run")
         self.db = os.path.join(self.run_dir, "events.db")
         self.args = [GOODPUT, "run", self.job_path, "--run-dir", self.run_dir]
+        self.env = None  # the environment of `goodput run` (and so of its agents); None: this one
         if faults:
             self.faults_path = os.path.join(self.dir, "faults.json")
             with open(self.faults_path, "w") as f:
@@ -70,16 +72,16 @@ class LiveRun:
 
     def run(self, timeout=240, resume=False):
         out = subprocess.run(self.args + (["--resume"] if resume else []), capture_output=True, text=True,
-                             timeout=timeout)
+                             timeout=timeout, env=self.env)
         self.stdout, self.stderr = out.stdout, out.stderr
         return out.returncode
 
     def start(self):
-        return subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
 
     def run_while(self, during=None, timeout=240):
         """Runs the job, calling during() while it runs (to inject a fault); returns its exit code."""
-        proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
         try:
             if during:
                 during()
@@ -529,6 +531,51 @@ class LiveTest(unittest.TestCase):
                 logs += f.read()
         self.assertIn("persist failed: /dev/null/ckpt/step-", logs)
         self.assertIn("Not a directory", logs)
+
+    def test_storage_slower_than_the_checkpoint_interval_never_holds_training_back(self):
+        # The disk under the checkpoint directory is made slow at the OS boundary: a preloaded
+        # write() (tests/python/slow_write.c) sleeps as a 50 kB/s disk would, so one persist takes
+        # longer than the 10 steps between saves. The agents' persisters must collapse requests
+        # (persisting the newest, skipping the rest) rather than queue them or hold saves back, keep
+        # at most two memory copies per rank, and still get the last step to storage.
+        so = os.path.join(tempfile.mkdtemp(prefix="goodput-slowwrite-"), "slow_write.so")
+        self.addCleanup(shutil.rmtree, os.path.dirname(so), True)
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", so, os.path.join(ROOT, "tests/python/slow_write.c"),
+                        "-ldl"], check=True)
+        policy = {"name": "flash every 10 steps, each persisted",
+                  "recovery": {"policy": "diagnose"},
+                  "checkpoint": {"policy": "flash", "every_steps": 10, "persist_every": 1}}
+        run = LiveRun(self, spec(total_steps=200, policy=policy))
+        storage = os.path.join(run.run_dir, "checkpoints")
+        run.env = dict(os.environ, LD_PRELOAD=so, GOODPUT_SLOW_DIR=storage, GOODPUT_SLOW_BYTES_PER_S="50000")
+        most = {}
+
+        def during():
+            run.wait_for_master()
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                for f in glob.glob("/dev/shm/goodput-livetest-*"):
+                    node = f.rsplit("-", 2)[0]
+                    most[node] = max(most.get(node, 0), len(glob.glob(node + "-*")))
+                try:
+                    with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
+                        if json.loads(r.read())["phase"] == "finished":
+                            break
+                except (OSError, ValueError):
+                    pass
+                time.sleep(0.05)
+
+        self.assertEqual(run.run_while(during), 0, run.diag())
+        ev = run.events()
+        saves = sum(s["count"] for s in of_type(ev, "checkpoint_saved"))
+        persisted = sum(p["count"] for p in of_type(ev, "checkpoint_persisted"))
+        self.assertGreaterEqual(saves, 19, of_type(ev, "checkpoint_saved"))
+        self.assertLess(persisted, saves - 3, (saves, of_type(ev, "checkpoint_persisted")))
+        self.assertTrue(most, "no shared memory seen")
+        self.assertLessEqual(max(most.values()), 2, most)
+        listed = subprocess.run([GOODPUT, "ckpt", "ls", storage], capture_output=True, text=True, check=True).stdout
+        self.assertIn("step 200", listed)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
     def test_master_killed_mid_run_resumes_from_its_log(self):
         run = LiveRun(self, spec(total_steps=200, data_shards=400))
