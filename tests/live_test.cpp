@@ -94,13 +94,18 @@ TEST_CASE("the master's clock never goes back, across restarts and wall-clock ju
 
 // The whole live path in the binary this suite was built with (so under ASan+UBSan in that pass,
 // where the Python suites do not run): `goodput run`, the master, two real agent processes with
-// their node check (compute and TCP link probes), bash trainers (tests/python/native_trainer.sh),
-// a trainer SIGKILLed mid-run and restarted. Any sanitizer report in an agent fails the test.
-TEST_CASE("a live run with real agents: node check, a killed trainer, completion, and no sanitizer report") {
+// their node check (compute and TCP link probes), C++ trainers that save flash checkpoints through
+// the library (tests/ckpt_trainer.cpp, built alike), the agents persisting them, a trainer
+// SIGKILLed mid-run and restarted from memory, its bytes checked. Any sanitizer report in an agent
+// or a trainer fails the test.
+TEST_CASE("a live run with real agents: node check, checkpoints persisted, a killed trainer restored, no sanitizer report") {
   test::TempDir dir("live-agents");
   const nlohmann::json job{{"job", "agents"},
                            {"nodes", 2},
-                           {"command", {"/bin/bash", test::source_path("tests/python/native_trainer.sh")}},
+                           {"command", {GOODPUT_CKPT_TRAINER}},
+                           {"policy", {{"name", "flash"},
+                                       {"recovery", {{"policy", "diagnose"}, {"restore_from", "memory"}}},
+                                       {"checkpoint", {{"policy", "flash"}, {"every_steps", 10}, {"persist_every", 2}}}}},
                            {"total_steps", 80},
                            {"step_time", "50ms"},
                            {"heartbeat_interval", "200ms"},
@@ -109,13 +114,14 @@ TEST_CASE("a live run with real agents: node check, a killed trainer, completion
                            // Not about stragglers: ASan and a parallel CTest make links between agents here uneven.
                            {"node_check", {{"compute", "100ms"}, {"link_mib", 2}, {"straggler_factor", 50}}}};
   const std::string spec = dir.write("job.json", job.dump());
-  const std::string faults = dir.write("faults.json", R"([{"fault": "kill-process", "slot": 1, "at_step": 20}])");
+  const std::string faults = dir.write("faults.json", R"([{"fault": "kill-process", "slot": 1, "at_step": 25}])");
   const std::string run_dir = dir.file("run");
   const auto run = test::run_command(test::goodput_cmd("run " + spec + " --run-dir " + run_dir + " --faults " + faults));
   REQUIRE_MESSAGE(run.exit_code == 0, run.output);
   const auto events = test::run_command(test::goodput_cmd("report " + run_dir + "/events.db --format events"));
   REQUIRE(events.exit_code == 0);
-  int checked = 0, failures = 0;
+  int checked = 0, failures = 0, persisted = 0;
+  std::vector<nlohmann::json> loaded;
   std::string finished;
   std::istringstream lines(events.output);
   for (std::string line; std::getline(lines, line);) {
@@ -131,15 +137,34 @@ TEST_CASE("a live run with real agents: node check, a killed trainer, completion
       CHECK(e["data"]["signal"] == 9);
     } else if (e["type"] == "job_finished") {
       finished = e["data"]["reason"];
+    } else if (e["type"] == "checkpoint_persisted") {
+      persisted += e["data"]["count"].get<int>();
+    } else if (e["type"] == "checkpoint_loaded") {
+      loaded.push_back(e["data"]);
     }
   }
+  // The restart after the kill (at step 25 or a heartbeat later) loaded a memory checkpoint saved
+  // before it (the trainer checked its bytes), and saves reached storage through the agents' persisters.
+  REQUIRE(loaded.size() == 2);
+  CHECK(loaded[1]["tier"] == "memory");
+  CHECK(loaded[1]["step"].get<int>() >= 20);
+  CHECK(loaded[1]["step"].get<int>() < 80);
+  CHECK(loaded[1]["step"].get<int>() % 10 == 0);
+  CHECK(persisted > 0);
+  const auto listed = test::run_command(test::goodput_cmd("ckpt ls " + run_dir + "/checkpoints"));
+  CHECK_MESSAGE(listed.output.find("step 80: 2 of 2 ranks, complete") != std::string::npos, listed.output);
   CHECK(checked == 2);
   CHECK(failures == 1);
   CHECK(finished == "completed");
-  for (const auto& node : std::filesystem::directory_iterator(run_dir + "/nodes")) {
-    std::ifstream in(node.path() / "agent.log");
-    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    CHECK_MESSAGE(log.find("Sanitizer") == std::string::npos, log);
-    CHECK_MESSAGE(log.find("runtime error") == std::string::npos, log);
-  }
+  for (const auto& node : std::filesystem::directory_iterator(run_dir + "/nodes"))
+    for (const auto& f : std::filesystem::directory_iterator(node.path())) {
+      const std::string name = f.path().filename().string();
+      if (name != "agent.log" && name.find("stderr") == std::string::npos) continue;
+      std::ifstream in(f.path());
+      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string what = f.path().string() + ": " + log;
+      CHECK_MESSAGE(log.find("Sanitizer") == std::string::npos, what);
+      CHECK_MESSAGE(log.find("runtime error") == std::string::npos, what);
+      CHECK_MESSAGE(log.find("ckpt_trainer:") == std::string::npos, what);
+    }
 }
