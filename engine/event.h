@@ -157,6 +157,15 @@ struct StallObserved {
   std::string reason;
 };
 
+// Requests to the agent API refused for a missing or wrong bearer token: `count` of them since the
+// previous such event, the newest from `peer`. At most one a minute (and one before the job ends),
+// so a flood of bad requests cannot grow the log; the token presented is never logged.
+struct ApiRefused {
+  std::string peer;
+  int64_t count = 0;
+  std::string reason;
+};
+
 // Someone asked to check these nodes again (an operator's `goodput check`, with the fault drill to
 // play in each check, if any): training stops, each runs the pre-flight check, and the job restarts
 // from its newest checkpoint once the whole world has a verdict. The time goes to restart.
@@ -219,7 +228,7 @@ using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpa
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
                                   RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved,
-                                  CheckRequested, StallObserved>;
+                                  CheckRequested, StallObserved, ApiRefused>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

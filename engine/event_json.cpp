@@ -40,6 +40,7 @@ template <class F> void fields(CheckRequested& v, F&& f) { f("nodes", v.nodes); 
 template <class F> void fields(StallObserved& v, F&& f) {
   f("node", v.node); f("stalled_since_ns", v.stalled_since); f("resumed", v.resumed); f("reason", v.reason);
 }
+template <class F> void fields(ApiRefused& v, F&& f) { f("peer", v.peer); f("count", v.count); f("reason", v.reason); }
 template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);
@@ -59,7 +60,7 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "slowdown_observed",   "processes_started", "rendezvous_complete", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
     "restart_job",         "shards_completed", "shards_assigned",  "node_checked",
-    "status_observed",     "check_requested",     "stall_observed"};
+    "status_observed",     "check_requested",     "stall_observed",      "api_refused"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",

@@ -37,7 +37,8 @@ std::vector<EventPayload> one_of_each() {
           NodeChecked{2, 2, 0, 41'000, true, 950, false, "faulty", "link to node 0 failed in both rounds"},
           StatusObserved{"pod", "kubetest-1-w-0", "Running on kind-worker2; trainer running"},
           CheckRequested{{0, 2}, "slow:3", "operator: node 2 looks slow"},
-          StallObserved{1, 4 * kSecond, true, "no progress for 00:01:00.0"}};
+          StallObserved{1, 4 * kSecond, true, "no progress for 00:01:00.0"},
+          ApiRefused{"10.0.0.9", 17, "missing or wrong bearer token"}};
 }
 }  // namespace
 

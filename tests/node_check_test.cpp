@@ -440,3 +440,30 @@ TEST_CASE("hang_action and stall_after in a job spec are checked and default sen
   CHECK_THROWS_WITH(load({{"hang_action", "ignore"}}), doctest::Contains("hang_action"));
   CHECK_THROWS_WITH(load({{"stall_after", "soon"}}), doctest::Contains("stall_after"));
 }
+
+TEST_CASE("a flood of requests with a wrong token is logged once a minute, with its count and without the token") {
+  Harness h(nullptr, 2);
+  live::HttpRequest r;
+  r.method = "POST";
+  r.target = "/v1/register";
+  r.authorization = "Bearer guessed-token-123";
+  r.body = R"({"name":"intruder"})";
+  r.peer_address = "10.9.8.7";
+  for (int i = 0; i < 1000; ++i) CHECK(h.master->handle(r).status == 401);
+  auto refused = h.events("api_refused");
+  REQUIRE(refused.size() == 1);  // the first at once
+  CHECK(refused[0]["count"] == 1);
+  CHECK(refused[0]["peer"] == "10.9.8.7");
+  h.tick(30 * kSecond);
+  CHECK(h.events("api_refused").size() == 1);
+  h.tick(31 * kSecond);
+  refused = h.events("api_refused");
+  REQUIRE(refused.size() == 2);
+  CHECK(refused[1]["count"] == 999);
+  h.tick(120 * kSecond);
+  CHECK(h.events("api_refused").size() == 2);  // nothing new to say
+  std::string log;
+  h.store->for_each([&](const Event& e) { log += event_to_line(e); });
+  CHECK(log.find("guessed-token-123") == std::string::npos);
+  CHECK(h.master->metrics().find("goodput_api_unauthorized_total 1000\n") != std::string::npos);
+}

@@ -224,7 +224,17 @@ void LiveMaster::execute(const Event& d) {
 
 void LiveMaster::observe(EventPayload p) {
   if (master_.state().finished()) return;
+  if (std::holds_alternative<JobFinished>(p)) log_refusals(true);  // the log's last word on them
   master_.observe(std::move(p));
+}
+
+void LiveMaster::log_refusals(bool now) {
+  const int64_t pending = unauthorized_ - unauthorized_logged_;
+  if (pending <= 0 || finished()) return;
+  if (!now && refusals_logged_at_ && clock_.now() - *refusals_logged_at_ < kMinute) return;
+  unauthorized_logged_ = unauthorized_;
+  refusals_logged_at_ = clock_.now();
+  master_.observe(ApiRefused{refused_peer_, pending, "missing or wrong bearer token"});
 }
 
 LiveMaster::Node* LiveMaster::node(NodeId id) {
@@ -261,7 +271,9 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
   if (req.method == "GET" && path == "/") return {200, "text/html; charset=utf-8", page()};
   if (path.rfind("/v1/", 0) != 0) return error(404, "no such endpoint: " + path);
   if (!same_token(req.authorization, "Bearer " + token_)) {
-    ++unauthorized_;  // counted in /metrics, not logged: a flood of bad requests must not grow the log
+    ++unauthorized_;  // in /metrics, and in the log at most once a minute: a flood must not grow it
+    refused_peer_ = req.peer_address.substr(0, 100);
+    log_refusals(false);
     return error(401, "missing or wrong bearer token");
   }
   if (req.method != "POST") return error(405, "use POST");
@@ -542,6 +554,7 @@ void LiveMaster::tick() {
       observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,
                               "no heartbeat for " + format_duration(now - n.last_heartbeat), n.last_heartbeat});
   run_checks();
+  log_refusals(false);
   // Straggler statistics move slowly: weigh them on the tick, not on every heartbeat.
   ticking_ = true;
   advance();

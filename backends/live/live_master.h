@@ -218,6 +218,10 @@ class LiveMaster final : public Backend, public EventSink {
   std::set<int32_t> waiting_slots_;       // vacant slots reported as NoSpareNode
   int32_t launches_lost_ = 0;             // nodes lost before they joined, since one last joined
   int64_t unauthorized_ = 0;
+  int64_t unauthorized_logged_ = 0;       // of those, the ones api_refused events counted
+  std::string refused_peer_;              // where the newest came from
+  std::optional<Time> refusals_logged_at_;
+  void log_refusals(bool now);            // an api_refused event for refusals not yet logged (now: whenever)
   std::map<NodeId, int32_t> straggler_permille_;  // the slowdown last reported per node
   std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart
   std::map<std::string, int64_t> check_verdicts_;  // node_checked events by verdict, for /metrics

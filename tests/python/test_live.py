@@ -626,7 +626,7 @@ class LiveTest(unittest.TestCase):
                     return e.code, json.loads(e.read() or b"{}")
 
             self.assertEqual(post("/v1/register", b'{"name":"x"}', None)[0], 401)
-            self.assertEqual(post("/v1/register", b'{"name":"x"}', "wrong")[0], 401)
+            self.assertEqual(post("/v1/register", b'{"name":"x"}', "not-the-token-xyz")[0], 401)
             # A body over the 1 MiB limit is refused from its Content-Length, before it is read.
             host, port = url[len("http://"):].split(":")
             with socket.create_connection((host, int(port)), timeout=5) as sk:
@@ -661,6 +661,12 @@ class LiveTest(unittest.TestCase):
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=20)
+        # The refusals are in the log: the first at once, the second (within the minute) before
+        # the job ended; where they came from, never the token they presented.
+        ev = run.events()
+        refused = of_type(ev, "api_refused")
+        self.assertEqual([(r["count"], r["peer"]) for r in refused], [(1, "127.0.0.1"), (1, "127.0.0.1")], refused)
+        self.assertNotIn("not-the-token-xyz", json.dumps(ev))
 
 
 class CollectiveProbeTest(unittest.TestCase):
