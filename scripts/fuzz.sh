@@ -11,7 +11,7 @@ seconds=${1:-60}
 CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGOODPUT_FUZZ=ON >/dev/null
 cmake --build build-fuzz
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{trace,policy,event,checkpoint,api,backend}
+mkdir -p "$corpus"/{trace,policy,event,checkpoint,api,backend,http}
 cp traces/*.jsonl "$corpus/trace/"
 cp examples/policies/*.json "$corpus/policy/"
 # Job specs, and the Ray dashboard's answers as the fixtures show them (read from shared/, not copied in).
@@ -52,8 +52,17 @@ printf '%s\n' $'/v1/register\t{"name":"a","check_port":7001}' $'/v1/register\t{"
   $'/v1/heartbeat\t{"node":1,"check":{"round":1,"id":200000000,"compute_mflops":300,"compute_ok":true,"link_ok":true,"link_mb_per_s":5}}' \
   $'/v1/heartbeat\t{"node":0,"check":{"round":2,"id":600000000,"compute_mflops":900,"compute_ok":false}}' \
   $'/v1/check\t{"slots":[1],"fault":"slow:2","reason":"r"}' $'/v1/heartbeat\t{"node":1}' '/status' > "$corpus/api/check-session"
+# Raw requests as clients send them: a register with the token, a chunked heartbeat, a body that
+# claims more than it has, a header over the limit.
+printf 'POST /v1/register HTTP/1.1\r\nHost: m\r\nAuthorization: Bearer t\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{"name":"n0"}\n' \
+  > "$corpus/http/register"
+printf 'POST /v1/heartbeat HTTP/1.1\r\nHost: m\r\nAuthorization: Bearer t\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n{"node":0\r\n1\r\n}\r\n0\r\n\r\n' \
+  > "$corpus/http/chunked"
+printf 'POST /v1/inject HTTP/1.1\r\nAuthorization: Bearer t\r\nContent-Length: 99999\r\n\r\n{"fault":"hang"' > "$corpus/http/short-body"
+printf 'GET /status HTTP/1.1\r\nX-Big: %s\r\n\r\n' "$(head -c 17000 /dev/zero | tr '\0' a)" > "$corpus/http/big-header"
+printf 'GET /metrics HTTP/1.0\r\n\r\n' > "$corpus/http/metrics"
 status=0
-for t in trace policy event checkpoint api backend; do
+for t in trace policy event checkpoint api backend http; do
   mkdir -p "build-fuzz/crashes/$t"
   if compgen -G "fuzz/regressions/$t/*" >/dev/null; then
     echo "fuzz_$t: replaying fuzz/regressions/$t"

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "backends/live/http.h"
 #include "backends/live/job_spec.h"
 #include "backends/live/live_master.h"
 #include "engine/json_reader.h"
@@ -167,4 +168,24 @@ TEST_CASE("a live run with real agents: node check, checkpoints persisted, a kil
       CHECK_MESSAGE(log.find("runtime error") == std::string::npos, what);
       CHECK_MESSAGE(log.find("ckpt_trainer:") == std::string::npos, what);
     }
+}
+
+TEST_CASE("raw requests are read as the server reads them: requests, refusals and incomplete bytes") {
+  using live::parse_request;
+  const auto ok = parse_request("POST /v1/register HTTP/1.1\r\nHost: m\r\nAuthorization: Bearer t\r\nContent-Length: 13\r\n\r\n"
+                                "{\"name\":\"n0\"}");
+  REQUIRE(ok.request);
+  CHECK(ok.request->method == "POST");
+  CHECK(ok.request->target == "/v1/register");
+  CHECK(ok.request->authorization == "Bearer t");
+  CHECK(ok.request->body == "{\"name\":\"n0\"}");
+  const auto chunked = parse_request("POST /v1/heartbeat HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n{\"node\":0\r\n1\r\n}\r\n0\r\n\r\n");
+  REQUIRE(chunked.request);
+  CHECK(chunked.request->body == "{\"node\":0}");
+  CHECK(parse_request("POST /v1/inject HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n{").refusal->status == 413);
+  CHECK(parse_request("GET / HTTP/1.1\r\nX: " + std::string(17000, 'a') + "\r\n\r\n").refusal->status == 413);
+  CHECK(parse_request("GARBAGE\r\n\r\n").refusal->status == 400);
+  const auto partial = parse_request("POST /v1/inject HTTP/1.1\r\nContent-Length: 99\r\n\r\n{");
+  CHECK_FALSE(partial.request);
+  CHECK_FALSE(partial.refusal);
 }

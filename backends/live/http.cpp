@@ -25,6 +25,29 @@ namespace {
 
 constexpr auto kIdleTimeout = std::chrono::seconds(30);
 
+using Parser = http::request_parser<http::string_body>;
+
+void set_limits(Parser& p, size_t body_limit) {
+  p.body_limit(body_limit);
+  p.header_limit(16 * 1024);
+}
+
+// What the server answers bytes it cannot take as a request, then hangs up.
+HttpResponse refusal(beast::error_code ec) {
+  const bool too_big = ec == http::error::body_limit || ec == http::error::header_limit;
+  return {too_big ? 413 : 400, "application/json",
+          std::string(R"({"error":")") + (too_big ? "request too large" : "malformed request") + "\"}"};
+}
+
+HttpRequest request_from(const http::request<http::string_body>& req) {
+  HttpRequest r;
+  r.method = std::string(req.method_string());
+  r.target = std::string(req.target());
+  if (auto it = req.find(http::field::authorization); it != req.end()) r.authorization = std::string(it->value());
+  r.body = req.body();
+  return r;
+}
+
 beast::tcp_stream& lowest(beast::tcp_stream& s) { return s; }
 beast::tcp_stream& lowest(TlsStream& s) { return beast::get_lowest_layer(s); }
 
@@ -49,8 +72,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
  private:
   void read() {
     parser_.emplace();
-    parser_->body_limit(body_limit_);
-    parser_->header_limit(16 * 1024);
+    set_limits(*parser_, body_limit_);
     lowest(stream_).expires_after(kIdleTimeout);
     http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_read(ec);
@@ -63,19 +85,11 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return;
     }
     if (ec) {
-      // Oversized or malformed: answer once, then hang up.
-      const bool too_big = ec == http::error::body_limit || ec == http::error::header_limit;
-      respond({too_big ? 413 : 400, "application/json",
-               std::string(R"({"error":")") + (too_big ? "request too large" : "malformed request") + "\"}"},
-              false);
+      respond(refusal(ec), false);  // oversized or malformed: answer once, then hang up
       return;
     }
     const auto& req = parser_->get();
-    HttpRequest r;
-    r.method = std::string(req.method_string());
-    r.target = std::string(req.target());
-    if (auto it = req.find(http::field::authorization); it != req.end()) r.authorization = std::string(it->value());
-    r.body = req.body();
+    HttpRequest r = request_from(req);
     beast::error_code peer_ec;
     const auto peer = lowest(stream_).socket().remote_endpoint(peer_ec);
     if (!peer_ec) r.peer_address = peer.address().to_string();
@@ -108,12 +122,32 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   Stream stream_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<Parser> parser_;
   const HttpServer::Handler& handler_;
   size_t body_limit_;
 };
 
 }  // namespace
+
+ParsedRequest parse_request(std::string_view bytes, size_t body_limit) {
+  Parser p;
+  set_limits(p, body_limit);
+  p.eager(true);
+  size_t used = 0;
+  while (!p.is_done() && used < bytes.size()) {
+    beast::error_code ec;
+    const size_t n = p.put(asio::buffer(bytes.data() + used, bytes.size() - used), ec);
+    used += n;
+    if (ec == http::error::need_more) {
+      if (n == 0) break;  // the bytes end inside the header
+      continue;
+    }
+    if (ec) return {std::nullopt, refusal(ec)};
+    if (n == 0) break;
+  }
+  if (!p.is_done()) return {};
+  return {request_from(p.get()), std::nullopt};
+}
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   Impl(asio::io_context& io, Handler h, size_t limit) : acceptor(io), handler(std::move(h)), body_limit(limit) {}

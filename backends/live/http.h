@@ -31,6 +31,15 @@ struct HttpResponse {
   std::string retry_after = {};  // a client's view of the Retry-After header
 };
 
+// One request read from raw bytes exactly as the server reads a connection's (the same parser and
+// limits): the request, or the answer the server gives bytes it refuses (400 malformed, 413 too
+// large); neither when the bytes end before the request does. For the fuzzer and tests.
+struct ParsedRequest {
+  std::optional<HttpRequest> request;
+  std::optional<HttpResponse> refusal;
+};
+ParsedRequest parse_request(std::string_view bytes, size_t body_limit = 1 << 20);
+
 // TLS for the server: a PEM certificate chain and its private key (OpenSSL).
 struct TlsFiles {
   std::string cert_file;
