@@ -419,6 +419,7 @@ void add_live_commands(CLI::App& app, int& rc) {
 
   static std::vector<int32_t> check_slots;
   static std::string check_fault, check_reason;
+  static bool check_now = false;
   auto* chk = app.add_subcommand(
       "check", "Check nodes of a running job again (training stops, each runs the pre-flight node check, and the job "
                "restarts from its newest checkpoint; a faulty node is relaunched elsewhere)");
@@ -426,11 +427,13 @@ void add_live_commands(CLI::App& app, int& rc) {
   chk->add_option("--fault", check_fault, "Fault drill for the checks: corrupt, link-down or slow:F")
       ->check([](const std::string& f) { return live::valid_check_fault(f) ? "" : "must be corrupt, link-down or slow:F (F from 1 to 1000)"; });
   chk->add_option("--reason", check_reason, "Why, for the event log");
+  chk->add_flag("--now", check_now, "Stop training at once (default: right after the next checkpoint, losing no work)");
   add_master_options(chk);
   chk->callback([=] {
     json body{{"slots", check_slots}};
     if (!check_fault.empty()) body["fault"] = check_fault;
     if (!check_reason.empty()) body["reason"] = check_reason;
+    if (check_now) body["now"] = true;
     ask_master("/v1/check", body);
   });
 }

@@ -511,17 +511,19 @@ HttpResponse LiveMaster::on_check(const json& b) {
   const std::string reason = field_or<std::string>(b, "reason", "");
   if (reason.size() > 1000) throw BadRequest("field 'reason' must be at most 1000 characters");
   try {
-    return reply(200, request_check(slots, field_or<std::string>(b, "fault", ""), reason));
+    return reply(200, request_check(slots, field_or<std::string>(b, "fault", ""), reason, field_or<bool>(b, "now", false)));
   } catch (const std::invalid_argument& e) {
     return error(409, e.what());
   }
 }
 
-json LiveMaster::request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason) {
+json LiveMaster::request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason,
+                               bool now) {
   if (finished()) throw std::invalid_argument("the job has finished");
   if (!fault.empty() && !valid_check_fault(fault))
     throw std::invalid_argument("fault must be corrupt, link-down or slow:F (F from 1 to 1000), not '" + fault + "'");
   if (check_round_ > 0 || checks_pending()) throw std::invalid_argument("a node check is in progress; ask again when it ends");
+  if (waiting_check_) throw std::invalid_argument("a node check is waiting for the next checkpoint; ask again when it ends");
   std::vector<int32_t> wanted = slots;
   if (wanted.empty())
     for (int32_t s = 0; s < world_; ++s) wanted.push_back(s);
@@ -534,8 +536,24 @@ json LiveMaster::request_check(const std::vector<int32_t>& slots, const std::str
     r.nodes.push_back(slots_[s]);
     names.push_back({{"slot", s}, {"node", slots_[s]}, {"name", nodes_[slots_[s]].name}});
   }
+  if (!now && plan_.every_steps > 0 && master_.state().phase() == Phase::Training) {
+    waiting_check_ = std::move(r);
+    waiting_check_after_ = saved_step_;
+    return json{{"checking", names}, {"when", "after the next checkpoint"}};
+  }
   observe(std::move(r));
-  return json{{"checking", names}};
+  return json{{"checking", names}, {"when", "now"}};
+}
+
+void LiveMaster::start_waiting_check() {
+  // After the checkpoint it waited for (or at once if the job stopped training meanwhile: it
+  // restarts anyway), for the nodes that still hold their slots.
+  if (!waiting_check_ || finished()) return;
+  if (master_.state().phase() == Phase::Training && saved_step_ <= waiting_check_after_) return;
+  CheckRequested r = std::move(*waiting_check_);
+  waiting_check_.reset();
+  std::erase_if(r.nodes, [&](NodeId id) { const Node* n = node(id); return !n || n->gone || n->slot < 0; });
+  if (!r.nodes.empty()) observe(std::move(r));
 }
 
 void LiveMaster::stop() { observe(JobFinished{"stopped", newest_step()}); }
@@ -553,6 +571,7 @@ void LiveMaster::tick() {
     if (!n.gone && n.slot >= 0 && n.slot < world_ && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
       observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,
                               "no heartbeat for " + format_duration(now - n.last_heartbeat), n.last_heartbeat});
+  start_waiting_check();
   run_checks();
   log_refusals(false);
   // Straggler statistics move slowly: weigh them on the tick, not on every heartbeat.
@@ -752,6 +771,7 @@ void LiveMaster::advance() {
         const int64_t per_save = std::max<int64_t>(blocking - gen_blocking_ns_, 0) / count;
         const bool persist = plan_.tier == Tier::Memory && plan_.persist_every > 0 && saves % plan_.persist_every == 0;
         observe(CheckpointSaved{step, plan_.tier == Tier::None ? Tier::Memory : plan_.tier, per_save, persist, count});
+        start_waiting_check();  // the moment an operator's check waited for: nothing to recompute
         continue;
       }
     }

@@ -86,9 +86,12 @@ class LiveMaster final : public Backend, public EventSink {
   nlohmann::json inject(const std::string& fault, int32_t slot);
   // Check the nodes holding `slots` again (all of the world's when empty), with a fault drill
   // (corrupt, link-down, slow:F) if `fault` is set: training stops for the check and restarts from
-  // the newest checkpoint once all have a verdict. Throws std::invalid_argument when it cannot be
-  // done now (an empty slot, a check in progress, the job finished) and why.
-  nlohmann::json request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason);
+  // the newest checkpoint once all have a verdict. A training job with periodic checkpoints stops
+  // right after its next one, so the check costs no recomputation; `now` (or no such plan, or a
+  // job not training) stops it at once. Throws std::invalid_argument when it cannot be done (an
+  // empty slot, a check in progress or waiting, the job finished) and why.
+  nlohmann::json request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason,
+                               bool now = false);
   // Ends the job now (an operator's Ctrl-C): the log says "stopped".
   void stop();
 
@@ -179,6 +182,7 @@ class LiveMaster final : public Backend, public EventSink {
   bool detect_stragglers(const std::vector<Node*>& w);
   bool checks_on() const { return spec_.node_check.enabled || checks_requested_; }
   bool checks_pending() const;  // a node of the world has no check verdict yet
+  void start_waiting_check();
   void run_checks();
   void judge_checks();
   void act_on_checks();
@@ -227,6 +231,8 @@ class LiveMaster final : public Backend, public EventSink {
   std::map<std::string, int64_t> check_verdicts_;  // node_checked events by verdict, for /metrics
   std::set<int32_t> slots_seen_;          // slots some node has joined (a check's fault drill goes to the first)
   bool checks_requested_ = false;         // an operator asked for a check (so a job without node_check checks)
+  std::optional<CheckRequested> waiting_check_;  // asked for, to start after the next checkpoint (not in the log)
+  int64_t waiting_check_after_ = 0;       // the newest saved step when it was asked for
   int32_t check_round_ = 0;               // the check round in progress (0: none)
   int64_t last_check_id_ = 0;
   Time check_deadline_ = 0;

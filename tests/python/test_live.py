@@ -384,9 +384,10 @@ class LiveTest(unittest.TestCase):
 
     def test_an_operator_checks_a_running_node_and_a_bad_one_is_relaunched(self):
         # No node_check in the spec: the job trains at once. Mid-run an operator runs
-        # `goodput check 1 --fault corrupt`: training stops, slot 1's node runs the real compute
-        # probe (with wrong products, the drill) and a link probe to slot 0's agent, is found
-        # faulty and relaunched as a hardware error, and the job resumes from its checkpoint.
+        # `goodput check 1 --fault corrupt`: training stops right after the next flash checkpoint
+        # (so nothing is recomputed), slot 1's node runs the real compute probe (with wrong
+        # products, the drill) and a link probe to slot 0's agent, is found faulty and relaunched
+        # as a hardware error, and the job resumes from that checkpoint.
         run = LiveRun(self, spec(total_steps=240))
         answers = []
 
@@ -404,7 +405,7 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(answers[0].returncode, 2, answers[0].stderr)
         self.assertIn("no node holds slot 7", answers[0].stderr)
         self.assertEqual(answers[1].returncode, 0, answers[1].stderr)
-        self.assertIn("checking", answers[1].stdout)
+        self.assertIn("after the next checkpoint", answers[1].stdout)
         ev = run.events()
         joined = {j["node"]: j for j in of_type(ev, "node_joined")}
         asked = of_type(ev, "check_requested")
@@ -419,10 +420,13 @@ class LiveTest(unittest.TestCase):
         decided = of_type(ev, "recovery_decided")
         self.assertEqual([(d["node"], d["diagnosis"], d["action"]) for d in decided],
                          [(bad, "hardware_error", "relaunch_node")])
-        # The restart after the check loaded a checkpoint of the run, not step 0.
+        # Training stopped in the same moment as the checkpoint it waited for, and restarted from it.
         seq_asked = [e["seq"] for e in ev if e["type"] == "check_requested"][0]
+        saved = [e["data"] for e in ev if e["type"] == "checkpoint_saved" and e["seq"] < seq_asked]
         loaded = [e["data"] for e in ev if e["type"] == "checkpoint_loaded" and e["seq"] > seq_asked]
         self.assertGreater(loaded[0]["step"], 0, loaded)
+        self.assertEqual(loaded[0]["step"], saved[-1]["step"])
+        self.assertLess(run.report()["losses_ns"]["recompute"], 50_000_000)
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
         out = subprocess.run([GOODPUT, "explain", run.db, "--node", joined[bad]["name"]], capture_output=True,
                              text=True, check=True).stdout
