@@ -89,7 +89,9 @@ struct RecordingProvider final : live::NodeProvider {
 };
 
 struct Harness {
-  fs::path db = fs::temp_directory_path() / ("goodput-check-" + std::to_string(::getpid()) + ".db");
+  static inline int harnesses = 0;  // two in one test must not share a log
+  fs::path db = fs::temp_directory_path() /
+                ("goodput-check-" + std::to_string(::getpid()) + "-" + std::to_string(harnesses++) + ".db");
   ManualClock clock;
   RecordingProvider provider;
   std::unique_ptr<SqliteStore> store;
@@ -466,4 +468,45 @@ TEST_CASE("a flood of requests with a wrong token is logged once a minute, with 
   h.store->for_each([&](const Event& e) { log += event_to_line(e); });
   CHECK(log.find("guessed-token-123") == std::string::npos);
   CHECK(h.master->metrics().find("goodput_api_unauthorized_total 1000\n") != std::string::npos);
+}
+
+TEST_CASE("an operator's check of a training job waits for its next checkpoint, so nothing is recomputed") {
+  Harness h(nullptr, 2);
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002);
+  h.tick();
+  REQUIRE(h.beat(a)["action"] == "run");
+  auto train = [&](int32_t node, int64_t step, int64_t saves) {
+    json t{{"restart", 0}, {"phase", "training"}, {"step", step}, {"progress_age_ms", 0}, {"saves", saves},
+           {"save_blocking_ns", saves * 1000}, {"saved_step", saves * 10},
+           {"loaded", {{"step", 0}, {"tier", "none"}, {"ns", 1}}}};
+    return h.post("/v1/heartbeat", json{{"node", node}, {"trainer", t}});
+  };
+  train(a, 5, 0);
+  train(b, 5, 0);
+  h.tick();
+  REQUIRE(h.master->state().phase() == Phase::Training);
+  const json answer = h.post("/v1/check", json{{"slots", {1}}});
+  CHECK(answer["when"] == "after the next checkpoint");
+  CHECK(h.events("check_requested").empty());
+  CHECK(h.request("/v1/check", json{{"slots", {0}}}).status == 409);  // one at a time
+  h.tick(kSecond);
+  CHECK(h.master->state().phase() == Phase::Training);  // still training until the save
+  train(a, 12, 1);
+  train(b, 12, 1);  // both ranks saved step 10: the checkpoint, and the check right after it
+  std::vector<std::string> order;
+  h.store->for_each([&](const Event& e) { order.emplace_back(event_type_name(e.payload)); });
+  const auto saved = std::find(order.begin(), order.end(), "checkpoint_saved");
+  REQUIRE(saved != order.end());
+  CHECK(*std::next(saved) == "check_requested");
+  CHECK(h.events("check_requested").at(0)["nodes"] == json::array({b}));
+  CHECK(h.master->state().phase() == Phase::Restart);
+  CHECK(h.beat(b)["action"] != "run");
+  // --now does not wait.
+  Harness g(nullptr, 2);
+  const int32_t c = g.join("c", 7001);
+  g.join("d", 7002);
+  g.tick();
+  REQUIRE(g.beat(c)["action"] == "run");
+  CHECK(g.post("/v1/check", json{{"slots", {0}}, {"now", true}})["when"] == "now");
+  CHECK(g.events("check_requested").size() == 1);
 }
