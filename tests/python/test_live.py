@@ -436,8 +436,8 @@ class LiveTest(unittest.TestCase):
     def test_a_hang_left_alone_is_reported_with_stacks_and_its_stall_accounted_until_it_moves(self):
         # hang_action "report": the master takes no action on a hang. Slot 1's trainer is stopped
         # (SIGSTOP) at step 60; after hang_timeout (6 s) the master logs stall_observed and every agent
-        # dumps its trainer's stacks without touching it. The test then continues the process
-        # (SIGCONT): progress resumes, the stall ends in the log, and the job completes with no
+        # dumps its trainer's stacks without touching it. Once the stacks are written, the test
+        # continues the process (SIGCONT): progress resumes, the stall ends in the log, and the job completes with no
         # failure and no restart; the stalled time is the report's "stall" loss.
         run = LiveRun(self, spec(total_steps=200, hang_action="report"),
                       [{"fault": "hang", "slot": 1, "at_step": 60}])
@@ -450,32 +450,43 @@ class LiveTest(unittest.TestCase):
                 try:
                     with urllib.request.urlopen(run.url() + "/status", timeout=2) as r:
                         st = json.loads(r.read())
-                    ev = run.events()
-                    if of_type(ev, "stall_observed"):
-                        seen["stall"] = of_type(ev, "stall_observed")[0]
+                    # (A start slowed past hang_timeout by a loaded machine is a stall too; this
+                    # test is about the stopped process.)
+                    stopped = [x for x in of_type(run.events(), "stall_observed") if "process stopped" in x["reason"]]
+                    if stopped:
+                        seen["stall"] = stopped[0]
                         seen["pid"] = [n["trainer"]["pid"] for n in st["nodes"] if n["slot"] == 1][0]
                 except (OSError, ValueError, subprocess.CalledProcessError):
                     pass
                 time.sleep(0.3)
-            time.sleep(3)  # left alone: still stopped, no restart
+            # Its stacks are taken where it stands (gdb attaches to the stopped process; on a busy
+            # machine that takes a while), and it is left alone: still stopped afterwards.
+            nodes = os.path.join(run.run_dir, "nodes")
+            while time.time() < deadline and not any(
+                    os.path.getsize(os.path.join(nodes, n, f)) > 0 for n in os.listdir(nodes)
+                    for f in os.listdir(os.path.join(nodes, n)) if f == f"stacks-r0-{seen.get('pid')}.txt"):
+                time.sleep(0.2)
+            time.sleep(1)
             with open(f"/proc/{seen['pid']}/stat") as f:
-                seen["still_stopped"] = f.read().split()[2] == "T"
+                seen["still_stopped"] = f.read().rsplit(")", 1)[1].split()[0] == "T"
             os.kill(seen["pid"], signal.SIGCONT)
 
         self.assertEqual(run.run_while(during), 0, run.diag())
         self.assertIn("stall", seen, run.diag())
-        self.assertTrue(seen["still_stopped"])
         ev = run.events()
         stalls = of_type(ev, "stall_observed")
-        self.assertEqual([s["resumed"] for s in stalls], [False, True], stalls)
-        self.assertIn("process stopped", stalls[0]["reason"])
-        self.assertEqual(stalls[0]["node"], stalls[1]["node"])
+        self.assertTrue(seen["still_stopped"], stalls)
+        # The stopped process's stall, then its end; any before them came in pairs too.
+        self.assertEqual([s["resumed"] for s in stalls][-2:], [False, True], stalls)
+        self.assertEqual(len(stalls) % 2, 0, stalls)
+        self.assertIn("process stopped", stalls[-2]["reason"])
+        self.assertEqual(stalls[-2]["node"], stalls[-1]["node"])
         self.assertEqual(of_type(ev, "failure_observed"), [])
         self.assertEqual(of_type(ev, "recovery_decided"), [])
         self.assertEqual(len(of_type(ev, "restart_job")), 1)
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
-        # From the last progress to the resumption: at least the timeout and the 3 s left alone.
-        self.assertGreater(run.report()["losses_ns"]["stall"], 8.5e9)
+        # From the last progress to the resumption: at least the timeout and the second left alone.
+        self.assertGreater(run.report()["losses_ns"]["stall"], 6.5e9)
         # The stopped trainer's stacks were taken where it stood (native: it could not answer a signal).
         nodes = os.path.join(run.run_dir, "nodes")
         stacks = [os.path.join(nodes, n, f) for n in os.listdir(nodes) for f in os.listdir(os.path.join(nodes, n))
