@@ -9,6 +9,7 @@ import json
 import os
 import ssl
 import random
+import re
 import shutil
 import signal
 import socket
@@ -512,12 +513,14 @@ class LiveTest(unittest.TestCase):
 
         self.assertEqual(run.run_while(during), 0, run.diag())
         ev = run.events()
-        # (A first step slow to come after a restore on two busy cores may be one too.)
+        # (A start slowed by two busy cores may be one too: the stop came after step 60.)
         stalls = [e for e in ev if e["type"] == "stall_observed"]
         self.assertTrue(all(e["data"]["resumed"] for e in stalls), stalls)
-        stopped = [e for e in stalls if e["t"] - e["data"]["stalled_since_ns"] > 2.5e9]
+        stopped = [e for e in stalls if int(re.search(r"at step (\d+)", e["data"]["reason"]).group(1)) >= 60]
         self.assertEqual(len(stopped), 1, stalls)
-        self.assertLess(stopped[0]["t"] - stopped[0]["data"]["stalled_since_ns"], 5.5e9)
+        lasted = stopped[0]["t"] - stopped[0]["data"]["stalled_since_ns"]
+        self.assertGreater(lasted, 2.5e9)
+        self.assertLess(lasted, 6.5e9)  # well under hang_timeout plus a heartbeat
         self.assertIn("then moving again", stopped[0]["data"]["reason"])
         self.assertEqual(of_type(ev, "failure_observed"), [])
         self.assertEqual(len(of_type(ev, "restart_job")), 1)
@@ -549,7 +552,7 @@ class LiveTest(unittest.TestCase):
 
     def test_storage_slower_than_the_checkpoint_interval_never_holds_training_back(self):
         # The disk under the checkpoint directory is made slow at the OS boundary: a preloaded
-        # write() (tests/python/slow_write.c) sleeps as a 50 kB/s disk would, so one persist takes
+        # write() (tests/python/slow_write.c) sleeps as a 25 kB/s disk would, so one persist takes
         # longer than the 10 steps between saves. The agents' persisters must collapse requests
         # (persisting the newest, skipping the rest) rather than queue them or hold saves back, keep
         # at most two memory copies per rank, and still get the last step to storage.
@@ -562,7 +565,7 @@ class LiveTest(unittest.TestCase):
                   "checkpoint": {"policy": "flash", "every_steps": 10, "persist_every": 1}}
         run = LiveRun(self, spec(total_steps=200, policy=policy))
         storage = os.path.join(run.run_dir, "checkpoints")
-        run.env = dict(os.environ, LD_PRELOAD=so, GOODPUT_SLOW_DIR=storage, GOODPUT_SLOW_BYTES_PER_S="50000")
+        run.env = dict(os.environ, LD_PRELOAD=so, GOODPUT_SLOW_DIR=storage, GOODPUT_SLOW_BYTES_PER_S="25000")
         most = {}
 
         def during():
