@@ -1,12 +1,10 @@
 // Fuzzes the live master's agent API: a sequence of requests (one per line, "PATH<TAB>BODY"), with
 // the right token, against one master on a virtual clock. Any input must get an HTTP answer (never
 // a crash or an exception out of handle()), and the log must stay a valid fold.
-#include <unistd.h>
-
 #include <cstdint>
 #include <string>
 
-#include "backends/live/live_master.h"
+#include "fuzz/fuzz_master.h"
 
 namespace {
 
@@ -29,14 +27,10 @@ goodput::live::JobSpec spec(bool node_check) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace goodput;
-  static const std::string db = "/tmp/goodput-fuzz-api-" + std::to_string(::getpid()) + ".db";
-  ::unlink(db.c_str());
-  ::unlink((db + "-wal").c_str());
-  ::unlink((db + "-shm").c_str());
-  SqliteStore store(db, SqliteStore::Mode::Create);
-  VirtualClock clock;
   const std::string in(reinterpret_cast<const char*>(data), size);
-  live::LiveMaster master(spec(in.find("check") != std::string::npos), default_policy(), store, clock, nullptr, "t", "1");
+  fuzz::FuzzMaster f("api", spec(in.find("check") != std::string::npos));
+  VirtualClock& clock = f.clock;
+  live::LiveMaster& master = *f.master;
   Time now = 0;
   for (size_t start = 0; start < in.size();) {
     size_t end = in.find('\n', start);

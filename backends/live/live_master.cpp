@@ -150,7 +150,8 @@ void LiveMaster::append(const Event& e) {
             n.check_detail = p.detail;
           }
         } else if constexpr (std::is_same_v<T, CheckRequested>) {
-          // Checked again from scratch: verdict, the numbers it is paired by, what was acted on.
+          // Checked again from scratch: its verdict and what was acted on (its last measured link
+          // stays: it only ranks nodes that passed as partners, and this one is not one now).
           checks_requested_ = true;
           for (NodeId id : p.nodes) {
             Node& n = nodes_[id];
@@ -697,8 +698,8 @@ void LiveMaster::advance() {
       if (!culprit && !stall_ && phase == Phase::Training) {
         // A pause: no rank advanced for stall_after (the ranks wait on each other, so the job is
         // silent as one). Logged when it moves again, as a stall from its start, with the rank that
-        // fell silent first; one that lasts to hang_timeout is a hang instead.
-        // Moving again means a new step (report times jitter by a millisecond from one heartbeat to the next).
+        // fell silent first; one that lasts to hang_timeout is a hang instead. Moving again means a
+        // new step (report times jitter by a millisecond from one heartbeat to the next).
         Time newest = 0;
         int64_t step = 0;
         Node* first = nullptr;

@@ -114,6 +114,10 @@ class LiveRun:
                              check=True)
         return [json.loads(line) for line in out.stdout.splitlines()]
 
+    def explain(self, node_name):
+        return subprocess.run([GOODPUT, "explain", self.db, "--node", node_name], capture_output=True, text=True,
+                              check=True).stdout
+
     def report(self):
         out = subprocess.run([GOODPUT, "report", self.db, "--format", "json"], capture_output=True, text=True,
                              check=True)
@@ -378,8 +382,7 @@ class LiveTest(unittest.TestCase):
         self.assertLess(max(seqs), min(started))
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
         # goodput explain tells the faulty node's story with the numbers.
-        out = subprocess.run([GOODPUT, "explain", run.db, "--node", joined[bad]["name"]], capture_output=True,
-                             text=True, check=True).stdout
+        out = run.explain(joined[bad]["name"])
         self.assertIn("checked (round 2): faulty", out)
         self.assertIn("node check failed", out)
 
@@ -429,8 +432,7 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(loaded[0]["step"], saved[-1]["step"])
         self.assertLess(run.report()["losses_ns"]["recompute"], 50_000_000)
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
-        out = subprocess.run([GOODPUT, "explain", run.db, "--node", joined[bad]["name"]], capture_output=True,
-                             text=True, check=True).stdout
+        out = run.explain(joined[bad]["name"])
         self.assertIn("check requested: rehearsal (fault drill: corrupt)", out)
         self.assertIn("checked (round 1): faulty", out)
 
