@@ -199,6 +199,7 @@ int serve(ServeOptions o) {
   if (o.local && spec.backend == "ray") {
     ray::RayNodesOptions ro;
     ro.spec = spec.ray;
+    ro.replicas = spec.replicas;
     if (!ro.spec.working_dir.empty()) ro.spec.working_dir = fs::absolute(ro.spec.working_dir).string();
     ro.agent_binary = spec.ray.agent.empty() ? self : spec.ray.agent;
     ro.master_url = reachable_at(spec.ray.master_url);
@@ -209,6 +210,7 @@ int serve(ServeOptions o) {
   } else if (o.local && spec.backend == "kubernetes") {
     kube::KubeNodesOptions ko;
     ko.spec = spec.kube;
+    ko.replicas = spec.replicas;
     try {
       ko.config = spec.kube.kubeconfig.empty() ? kube::in_cluster_config()
                                                : kube::load_kubeconfig(spec.kube.kubeconfig, spec.kube.context);

@@ -42,11 +42,13 @@ struct JobStarted {
   std::string policy;                 // name of the policy set, for people
 };
 
-// A machine is up and holds rank slot `slot` of the job.
+// A machine is up and holds rank slot `slot` of the job (-1: it joined as a spare). A job with
+// replica groups names the type it was launched as: it only ever takes slots of that type.
 struct NodeJoined {
   NodeId node = 0;
   int32_t slot = 0;
   std::string name;
+  std::string replica_type;  // empty: any slot
 };
 
 // Something went wrong on a node. `stalled_since` is when the job stopped making progress because

@@ -13,7 +13,9 @@ template <class F> void fields(JobStarted& v, F&& f) {
   f("memory_bandwidth_bytes_per_s", v.memory_bandwidth_bytes_per_s);
   f("storage_bandwidth_bytes_per_s", v.storage_bandwidth_bytes_per_s); f("policy", v.policy);
 }
-template <class F> void fields(NodeJoined& v, F&& f) { f("node", v.node); f("slot", v.slot); f("name", v.name); }
+template <class F> void fields(NodeJoined& v, F&& f) {
+  f("node", v.node); f("slot", v.slot); f("name", v.name); f.optional("replica_type", v.replica_type);
+}
 template <class F> void fields(FailureObserved& v, F&& f) {
   f("node", v.node); f("kind", v.kind); f("exit_code", v.exit_code); f("signal", v.signal); f("reason", v.reason);
   f("stalled_since_ns", v.stalled_since);
@@ -87,6 +89,10 @@ struct Encoder {
     else if constexpr (std::is_same_v<T, Tier>) out[name] = to_string(v);
     else out[name] = v;
   }
+  // A field added after logs were written: left out at its default, so older logs read the same.
+  template <class T> void optional(const char* name, T& v) {
+    if (v != T{}) (*this)(name, v);
+  }
 };
 
 // ---- decoding ----
@@ -102,6 +108,9 @@ struct Decoder {
     auto e = enum_from<E>(names, j.get_ref<const std::string&>());
     if (!e) fail(name, "has an unknown value");
     v = *e;
+  }
+  template <class T> void optional(const char* name, T& v) {
+    if (in.contains(name)) (*this)(name, v);
   }
   template <class T> void operator()(const char* name, T& v) {
     auto it = in.find(name);

@@ -423,7 +423,7 @@ void Simulator::handle(const Item& item) {
       if (mach.gen != item.gen || mach.state != MachineState::Joining) return;
       mach.state = MachineState::InJob;
       slots_[item.a].machine = item.b;
-      master_.observe(NodeJoined{item.b, item.a, trace_.machine_name(item.b)});
+      master_.observe(NodeJoined{item.b, item.a, trace_.machine_name(item.b), ""});
       return;
     }
     case ItemKind::JoinedBatch: {

@@ -17,7 +17,7 @@ using namespace goodput;
 namespace {
 std::vector<EventPayload> one_of_each() {
   return {JobStarted{"j", 4, 8, kSecond, 100, 2'000'000'000, 10'000'000'000, 1'000'000'000, "p"},
-          NodeJoined{3, 2, "n3"},
+          NodeJoined{3, 2, "n3", ""},
           FailureObserved{1, FailureKind::ProcessExit, 137, 9, "OOMKilled \"quoted\" \n newline", 12345},
           NoSpareNode{2},
           NodeReturned{5},
@@ -126,8 +126,8 @@ namespace {
 auto training_from_zero(JobState& s) {
   auto apply = [&s, seq = uint64_t{0}](Time t, EventPayload p) mutable { s.apply(Event{++seq, t, std::move(p)}); };
   apply(0, JobStarted{"j", 2, 8, kSecond, 0, 0, 1, 1, "p"});
-  apply(0, NodeJoined{0, 0, "n0"});
-  apply(0, NodeJoined{1, 1, "n1"});
+  apply(0, NodeJoined{0, 0, "n0", ""});
+  apply(0, NodeJoined{1, 1, "n1", ""});
   apply(0, RestartJob{2, 0, 0, 0, Tier::None});
   apply(0, ProcessesStarted{2, 0});
   apply(0, RendezvousComplete{2, 0});

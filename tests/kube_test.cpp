@@ -179,7 +179,8 @@ TEST_CASE("a job spec's Kubernetes backend is checked field by field") {
     return std::string("no error");
   };
   CHECK(error_of(R"({"type":"kubernetes"})") == "field 'backend.image' is required: the container image with goodput and the trainer");
-  CHECK(error_of(R"({"type":"kubernetes","image":"i","replica_type":"boss"})").find("replica_type") != std::string::npos);
+  // A pod's replica type comes from the job's replica groups, not from the backend.
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","replica_type":"ps"})").find("replica_type") != std::string::npos);
   CHECK(error_of(R"({"type":"kubernetes","image":"i","tolerations":{}})").find("tolerations") != std::string::npos);
   CHECK(error_of(R"({"type":"kubernetes","image":"i","image_pull_policy":"Sometimes"})").find("image_pull_policy") !=
         std::string::npos);

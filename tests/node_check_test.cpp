@@ -13,8 +13,10 @@
 #include "engine/event_json.h"
 #include "engine/event_store.h"
 #include "policies/policy.h"
+#include "master_harness.h"
 
 using namespace goodput;
+using namespace goodput::test;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -70,87 +72,6 @@ TEST_CASE("the collective probe all-reduces through real torch.distributed (gloo
 }
 
 namespace {
-
-struct ManualClock final : Clock {
-  Time t = 0;
-  Time now() const override { return t; }
-};
-
-// Records what the master asks of its machines.
-struct RecordingProvider final : live::NodeProvider {
-  std::vector<std::string> calls;
-  void launch(int32_t slot, int32_t memory_permille) override {
-    calls.push_back("launch " + std::to_string(slot) + " " + std::to_string(memory_permille));
-  }
-  void terminate(const std::string& name) override { calls.push_back("terminate " + name); }
-  std::vector<live::LostNode> lost() override { return {}; }
-  void shut_down(int) override {}
-  void exclude(const std::string& name) override { calls.push_back("exclude " + name); }
-};
-
-struct Harness {
-  static inline int harnesses = 0;  // two in one test must not share a log
-  fs::path db = fs::temp_directory_path() /
-                ("goodput-check-" + std::to_string(::getpid()) + "-" + std::to_string(harnesses++) + ".db");
-  ManualClock clock;
-  RecordingProvider provider;
-  std::unique_ptr<SqliteStore> store;
-  std::unique_ptr<live::LiveMaster> master;
-
-  explicit Harness(const json& node_check, int nodes = 3) {
-    fs::remove(db);
-    json spec{{"job", "chk"}, {"nodes", nodes}, {"command", {"true"}}, {"total_steps", 10},
-              {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}};
-    if (!node_check.is_null()) spec["node_check"] = node_check;
-    store = std::make_unique<SqliteStore>(db.string(), SqliteStore::Mode::Create);
-    master = std::make_unique<live::LiveMaster>(live::job_spec_from_json(spec, "", "."), default_policy(), *store, clock,
-                                                &provider, "tok", "run1");
-  }
-  ~Harness() {
-    master.reset();
-    store.reset();
-    fs::remove(db);
-  }
-  live::HttpResponse request(const std::string& path, const json& body) {
-    live::HttpRequest r;
-    r.method = "POST";
-    r.target = path;
-    r.authorization = "Bearer tok";
-    r.body = body.dump();
-    r.peer_address = "127.0.0.1";
-    return master->handle(r);
-  }
-  json post(const std::string& path, const json& body) {  // one that must succeed
-    const auto resp = request(path, body);
-    REQUIRE_MESSAGE(resp.status == 200, resp.body);
-    return json::parse(resp.body);
-  }
-  int32_t join(const std::string& name, uint16_t port, uint16_t rdzv_port = 0) {
-    json body{{"name", name}, {"check_port", port}};
-    if (rdzv_port) body["rdzv_port"] = rdzv_port;
-    return post("/v1/register", body)["node"].get<int32_t>();
-  }
-  std::map<int32_t, int64_t> check_ids;  // the round id each node was last asked to check under
-  json beat(int32_t node, json check = nullptr) {
-    json b{{"node", node}, {"trainer", {{"restart", -1}, {"phase", "none"}}}};
-    if (!check.is_null() && !check.contains("id")) check["id"] = check_ids[node];
-    if (!check.is_null()) b["check"] = check;
-    json a = post("/v1/heartbeat", b);
-    if (a.contains("check")) check_ids[node] = a["check"]["id"].get<int64_t>();
-    return a;
-  }
-  void tick(Duration d = 100 * kMillisecond) {
-    clock.t += d;
-    master->tick();
-  }
-  std::vector<json> events(const std::string& type) {
-    std::vector<json> out;
-    store->for_each([&](const Event& e) {
-      if (event_type_name(e.payload) == type) out.push_back(payload_to_json(e.payload));
-    });
-    return out;
-  }
-};
 
 json result(int32_t round, int64_t mflops, bool link_ok, int64_t link = 1000) {
   json r{{"round", round}, {"compute_mflops", mflops}, {"compute_ok", true}, {"link_ok", link_ok}, {"link_mb_per_s", link_ok ? link : 0}};

@@ -17,7 +17,7 @@ JobState running_state(int nodes = 4) {
   JobState s;
   uint64_t seq = 0;
   s.apply(Event{++seq, 0, JobStarted{"j", nodes, 8, kSecond, 0, 2'000'000'000, 10'000'000'000, 1'000'000'000, "p"}});
-  for (int i = 0; i < nodes; ++i) s.apply(Event{++seq, 0, NodeJoined{i, i, "n" + std::to_string(i)}});
+  for (int i = 0; i < nodes; ++i) s.apply(Event{++seq, 0, NodeJoined{i, i, "n" + std::to_string(i), ""}});
   return s;
 }
 }  // namespace
@@ -108,8 +108,8 @@ TEST_CASE("elastic scaling shrinks when no spare is free and grows when a node j
   REQUIRE(d);
   CHECK(d->to == 3);
   s.apply(Event{s.last_seq() + 1, 2, *d});
-  s.apply(Event{s.last_seq() + 1, 3, NodeJoined{7, 2, "s0"}});
-  const EventPayload joined = NodeJoined{7, 2, "s0"};
+  s.apply(Event{s.last_seq() + 1, 3, NodeJoined{7, 2, "s0", ""}});
+  const EventPayload joined = NodeJoined{7, 2, "s0", ""};
   d = p.scaling->decide(s, joined);
   REQUIRE(d);
   CHECK(d->to == 4);

@@ -51,7 +51,7 @@ TEST_CASE("appends survive reopening, and sequence numbers must follow") {
   {
     SqliteStore s(path, SqliteStore::Mode::Create);
     s.append(Event{1, 0, JobStarted{"j", 1, 1, kSecond, 0, 0, 1, 1, "p"}});
-    s.append(Event{2, 5, NodeJoined{0, 0, "n0"}});
+    s.append(Event{2, 5, NodeJoined{0, 0, "n0", ""}});
     s.flush();
     CHECK_THROWS_AS(s.append(Event{4, 6, NoSpareNode{0}}), StoreError);
   }
@@ -88,7 +88,7 @@ TEST_CASE("a damaged row is reported with its sequence number, not loaded silent
   {
     SqliteStore s(path, SqliteStore::Mode::Create);
     s.append(Event{1, 0, JobStarted{"j", 1, 1, kSecond, 0, 0, 1, 1, "p"}});
-    s.append(Event{2, 5, NodeJoined{0, 0, "n0"}});
+    s.append(Event{2, 5, NodeJoined{0, 0, "n0", ""}});
   }
   sqlite3* db = nullptr;
   REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);

@@ -168,13 +168,27 @@ KubeNodes::~KubeNodes() {
     if (t.joinable()) t.join();
 }
 
-std::string KubeNodes::pod_name(int n) const {
-  return dns_label(o_.run) + "-" + o_.spec.replica_type + "-" + std::to_string(n);
+namespace {
+struct SlotShape {
+  const live::KubeBackendSpec& spec;
+  std::string type = "worker";
+  int32_t index = 0;
+};
+SlotShape shape_of(const KubeNodesOptions& o, int32_t slot) {
+  if (o.replicas.empty()) return {o.spec, "worker", slot};
+  const live::ReplicaGroup& g = live::replica_group(o.replicas, slot);
+  return {g.kube, g.type, slot - g.first_slot};
+}
+}  // namespace
+
+std::string KubeNodes::pod_name(int32_t slot, int n) const {
+  return dns_label(o_.run) + "-" + shape_of(o_, slot).type + "-" + std::to_string(n);
 }
 
 json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name, int32_t slot,
                              int32_t memory_permille, const std::set<std::string>& avoid) {
-  const live::KubeBackendSpec& s = o_.spec;
+  const SlotShape shape = shape_of(o_, slot);
+  const live::KubeBackendSpec& s = shape.spec;
   json container = {{"name", "agent"},
                     {"image", s.image},
                     // $(POD_IP) is expanded by the kubelet: other ranks reach this pod at its own IP.
@@ -216,7 +230,8 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
             {"labels",
              {{"goodput/job", dns_label(o_.job)},
               {"goodput/run", dns_label(o_.run)},
-              {"goodput/replica-type", s.replica_type},
+              {"goodput/replica-type", shape.type},
+              {"goodput/replica-index", std::to_string(shape.index)},
               {"goodput/launch", name.substr(dash + 1)},
               {"goodput/rank", std::to_string(slot)},
               {"goodput/memory-permille", std::to_string(memory_permille)}}}}},
@@ -226,7 +241,7 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
 void KubeNodes::launch(int32_t slot, int32_t memory_permille) {
   {
     std::lock_guard lock(mu_);
-    const std::string name = pod_name(counter_++);
+    const std::string name = pod_name(slot, counter_++);
     pods_[name];
     queue_.push_back({Command::Create, name, memory_permille, slot});
   }

@@ -47,6 +47,9 @@ std::string pod_status(const nlohmann::json& pod);
 
 struct KubeNodesOptions {
   live::KubeBackendSpec spec;
+  // The job's replica groups: a slot's pod gets its group's type and shape. Empty: all workers
+  // shaped by `spec`.
+  std::vector<live::ReplicaGroup> replicas;
   KubeConfig config;
   std::string master_url;
   std::string token;  // stored in a Secret the pods read it from, never in the pod spec
@@ -91,7 +94,7 @@ class KubeNodes final : public live::NodeProvider {
   void on_pod(const std::string& type, const nlohmann::json& pod);
   void on_node(const std::string& type, const nlohmann::json& node);
   void report(const std::string& name, Pod& p, std::string reason, bool fatal);
-  std::string pod_name(int n) const;
+  std::string pod_name(int32_t slot, int n) const;
 
   KubeNodesOptions o_;
   KubeClient client_;

@@ -98,9 +98,6 @@ KubeBackendSpec kube_backend_from_json(const nlohmann::json& j, const std::strin
     if (!t->is_array()) r.fail("tolerations", "must be a list of Kubernetes tolerations");
     b.tolerations = *t;
   }
-  b.replica_type = r.text("replica_type", b.replica_type);
-  if (b.replica_type != "worker" && b.replica_type != "ps" && b.replica_type != "chief")
-    r.fail("replica_type", "must be worker, ps or chief");
   b.master_url = r.text("master_url", "");
   b.working_dir = r.text("working_dir", "");
   for (const auto& [key, out] : {std::pair{"volumes", &b.volumes}, std::pair{"volume_mounts", &b.volume_mounts}})
@@ -148,7 +145,104 @@ NodeCheckSpec node_check_from_json(const nlohmann::json& j, const std::string& w
   return c;
 }
 
+// The backend settings a replica group may set for itself: its machines' shape and placement.
+const std::vector<std::string>& group_backend_keys(const std::string& backend) {
+  static const std::vector<std::string> kube = {"image", "cpu", "memory_mb", "gpus", "node_selector", "tolerations",
+                                                "volumes", "volume_mounts"};
+  static const std::vector<std::string> ray = {"num_cpus", "num_gpus", "memory_mb", "resources"};
+  static const std::vector<std::string> none;
+  return backend == "kubernetes" ? kube : backend == "ray" ? ray : none;
+}
+
+// "replicas": [{"type": "ps", "count": 2, "command": [...], "env": {...}, "backend": {...}}, ...]
+std::vector<ReplicaGroup> replicas_from_json(const nlohmann::json& j, const std::string& where, const JobSpec& s,
+                                             const nlohmann::json& backend) {
+  if (!j.is_array() || j.empty()) throw ConfigError("field '" + where + "' must be a non-empty list of replica groups");
+  static const std::vector<std::string> order = {"chief", "ps", "worker"};
+  std::vector<ReplicaGroup> groups;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (!j[i].is_object()) throw ConfigError("field '" + at + "' must be an object");
+    ConfigReader r(j[i], at);
+    ReplicaGroup g;
+    g.type = r.text("type", "");
+    if (std::find(order.begin(), order.end(), g.type) == order.end()) r.fail("type", "must be chief, ps or worker");
+    for (const ReplicaGroup& other : groups)
+      if (other.type == g.type) r.fail("type", "'" + g.type + "' is given twice: one group per type");
+    g.count = static_cast<int32_t>(r.integer("count", 1, 1, 4096));
+    if (g.type == "chief" && g.count != 1) r.fail("count", "must be 1: a job has one chief");
+    g.command = s.command;
+    if (const nlohmann::json* cmd = r.child("command")) {
+      if (!cmd->is_array() || cmd->empty() ||
+          !std::all_of(cmd->begin(), cmd->end(), [](const nlohmann::json& a) { return a.is_string(); }))
+        r.fail("command", "must be the group's argv, a non-empty list of strings");
+      g.command = cmd->get<std::vector<std::string>>();
+    }
+    g.env = s.env;
+    if (const nlohmann::json* env = r.child("env")) {
+      if (!env->is_object()) r.fail("env", "must be an object of strings");
+      for (const auto& [k, v] : env->items()) {
+        if (!v.is_string()) r.fail("env", "value of '" + k + "' must be a string");
+        g.env[k] = v.get<std::string>();
+      }
+    }
+    g.kube = s.kube;
+    g.ray = s.ray;
+    if (const nlohmann::json* over = r.child("backend")) {
+      const auto& keys = group_backend_keys(s.backend);
+      if (keys.empty()) r.fail("backend", "is for jobs on ray or kubernetes: a local node has no shape to set");
+      if (!over->is_object()) r.fail("backend", "must be an object");
+      nlohmann::json merged = backend;
+      for (const auto& [k, v] : over->items()) {
+        if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+          std::string known;
+          for (const auto& key : keys) known += (known.empty() ? "" : ", ") + key;
+          throw ConfigError("field '" + at + ".backend." + k + "' cannot differ between replica groups (these can: " +
+                            known + ")");
+        }
+        merged[k] = v;
+      }
+      if (s.backend == "kubernetes") g.kube = kube_backend_from_json(merged, at + ".backend");
+      else g.ray = ray_backend_from_json(merged, at + ".backend");
+      g.kube.kubeconfig = s.kube.kubeconfig;  // already resolved against the spec's folder
+    }
+    r.finish();
+    groups.push_back(std::move(g));
+  }
+  if (std::none_of(groups.begin(), groups.end(), [](const ReplicaGroup& g) { return g.type != "ps"; }))
+    throw ConfigError("field '" + where + "' needs a chief or worker group: parameter servers alone do not train");
+  std::sort(groups.begin(), groups.end(), [&](const ReplicaGroup& a, const ReplicaGroup& b) {
+    return std::find(order.begin(), order.end(), a.type) < std::find(order.begin(), order.end(), b.type);
+  });
+  int32_t slot = 0;
+  for (ReplicaGroup& g : groups) {
+    g.first_slot = slot;
+    slot += g.count;
+  }
+  return groups;
+}
+
 }  // namespace
+
+const ReplicaGroup& replica_group(const std::vector<ReplicaGroup>& groups, int32_t slot) {
+  for (const ReplicaGroup& g : groups)
+    if (slot >= g.first_slot && slot < g.first_slot + g.count) return g;
+  return groups.back();
+}
+
+nlohmann::json replica_counts(const std::vector<ReplicaGroup>& groups, int32_t world) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const ReplicaGroup& g : groups)
+    out[g.type] = std::clamp(world - g.first_slot, 0, &g == &groups.back() ? world : g.count);
+  return out;
+}
+
+int32_t JobSpec::fixed_slots() const {
+  int32_t n = 0;
+  for (const ReplicaGroup& g : replicas)
+    if (g.type != "worker") n += g.count;
+  return n;
+}
 
 JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, const std::string& base_dir) {
   if (!j.is_object()) throw ConfigError("a job spec must be a JSON object");
@@ -161,10 +255,12 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
       r.fail("job", "may hold only letters, digits, '-', '_' and '.' (it names files and shared memory)");
   s.nodes = static_cast<int32_t>(r.integer("nodes", 1, 1, 4096));
   const nlohmann::json* cmd = r.child("command");
-  if (!cmd || !cmd->is_array() || cmd->empty()) r.fail("command", "is required: the trainer's argv, a list of strings");
-  for (const auto& a : *cmd) {
-    if (!a.is_string()) r.fail("command", "must hold only strings");
-    s.command.push_back(a.get<std::string>());
+  if (cmd || !j.contains("replicas")) {  // with replica groups, each may bring its own instead
+    if (!cmd || !cmd->is_array() || cmd->empty()) r.fail("command", "is required: the trainer's argv, a list of strings");
+    for (const auto& a : *cmd) {
+      if (!a.is_string()) r.fail("command", "must hold only strings");
+      s.command.push_back(a.get<std::string>());
+    }
   }
   if (const nlohmann::json* env = r.child("env")) {
     if (!env->is_object()) r.fail("env", "must be an object of strings");
@@ -209,7 +305,8 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   if (s.straggler_factor > 0 && s.straggler_factor < 1.05) r.fail("straggler_factor", "must be 0 (off) or above 1.05");
   if (const nlohmann::json* c = r.child("node_check"))
     s.node_check = node_check_from_json(*c, (where.empty() ? "" : where + ".") + "node_check");
-  if (const nlohmann::json* b = r.child("backend")) {
+  const nlohmann::json* backend_json = r.child("backend");
+  if (const nlohmann::json* b = backend_json) {
     const std::string at = (where.empty() ? "" : where + ".") + "backend";
     const nlohmann::json* type = b->is_object() && b->contains("type") ? &(*b)["type"] : nullptr;
     if (*b == "local") s.backend = "local";
@@ -227,6 +324,39 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
                         "{\"type\": \"kubernetes\", \"image\": ..., ...}");
     }
   }
+  if (const nlohmann::json* groups = r.child("replicas")) {
+    s.replicas = replicas_from_json(*groups, (where.empty() ? "" : where + ".") + "replicas", s,
+                                    backend_json && backend_json->is_object() ? *backend_json : nlohmann::json::object());
+    for (const ReplicaGroup& g : s.replicas)
+      if (g.command.empty())
+        r.fail("command", "is required: the trainer's argv, unless every replica group has its own (the " + g.type +
+                              " group has none)");
+    const int32_t total = s.replicas.back().first_slot + s.replicas.back().count;
+    if (r.has("nodes") && s.nodes != total)
+      r.fail("nodes", "is " + std::to_string(s.nodes) + " but the replica groups add up to " + std::to_string(total) +
+                          " (leave it out: it follows from them)");
+    if (total > 4096) r.fail("replicas", "add up to " + std::to_string(total) + " nodes; at most 4096");
+    s.nodes = total;
+  } else {
+    ReplicaGroup g;
+    g.count = s.nodes;
+    g.command = s.command;
+    g.env = s.env;
+    g.kube = s.kube;
+    g.ray = s.ray;
+    s.replicas.push_back(std::move(g));
+  }
+  // Scaling gives up workers only: it must leave the chief and parameter servers a worker to serve.
+  if (const int32_t fixed = s.fixed_slots(); fixed > 0 && s.policy.is_object())
+    if (const auto sc = s.policy.find("scaling"); sc != s.policy.end() && sc->is_object() &&
+                                                   sc->value("policy", std::string()) == "elastic") {
+      const auto m = sc->find("min_nodes");
+      const int64_t min_nodes = m != sc->end() && m->is_number_integer() ? m->get<int64_t>() : 1;
+      if (min_nodes <= fixed)
+        r.fail("policy", "scales elastically down to min_nodes " + std::to_string(min_nodes) + ", but the chief and " +
+                             "parameter servers hold " + std::to_string(fixed) + " slots that scaling never gives up: " +
+                             "set scaling.min_nodes to at least " + std::to_string(fixed + 1));
+    }
   if (s.heartbeat_interval <= 0) r.fail("heartbeat_interval", "must be positive");
   if (s.heartbeat_timeout < 2 * s.heartbeat_interval) r.fail("heartbeat_timeout", "must be at least twice heartbeat_interval");
   if (s.hang_timeout < s.heartbeat_timeout) r.fail("hang_timeout", "must be at least heartbeat_timeout");

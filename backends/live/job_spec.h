@@ -46,7 +46,6 @@ struct KubeBackendSpec {
   int64_t gpus = 0;         // nvidia.com/gpu
   std::map<std::string, std::string> node_selector;
   nlohmann::json tolerations = nlohmann::json::array();
-  std::string replica_type = "worker";
   std::string master_url;   // how pods reach the master (a Service); empty: the URL it listens on
   std::string working_dir;  // the container's working directory; empty: the image's
   nlohmann::json volumes = nlohmann::json::array();        // pod volumes (e.g. the checkpoint storage's PVC)
@@ -71,6 +70,24 @@ struct NodeCheckSpec {
   // probe does F times the work).
   std::map<int32_t, std::string> faults;
 };
+
+// A replica group ("replicas" in the spec): `count` nodes that play one part of the job, with their
+// own command, environment and machine shape. Slots are laid out chief first (rank 0), then the
+// parameter servers, then the workers; scaling gives up and takes back workers only (the highest
+// slots), so a chief or parameter server that is lost waits for its replacement.
+struct ReplicaGroup {
+  std::string type = "worker";  // "chief", "ps" or "worker"
+  int32_t count = 1;
+  int32_t first_slot = 0;
+  std::vector<std::string> command;        // the job's, unless the group has its own
+  std::map<std::string, std::string> env;  // the job's, with the group's added
+  KubeBackendSpec kube;  // the job's backend with the group's overrides (cpu, memory, image, ...)
+  RayBackendSpec ray;
+};
+// The group that `slot` belongs to; a slot past the end (or -1): the last group.
+const ReplicaGroup& replica_group(const std::vector<ReplicaGroup>& groups, int32_t slot);
+// {"chief": 1, "ps": 2, "worker": 4}, with `world` nodes in all (workers are what scaling changes).
+nlohmann::json replica_counts(const std::vector<ReplicaGroup>& groups, int32_t world);
 
 // A node check's fault drill: "corrupt", "link-down" or "slow:F" (F from 1 to 1000).
 bool valid_check_fault(const std::string& fault);
@@ -107,6 +124,9 @@ struct JobSpec {
   std::string backend = "local";  // "local", "ray" or "kubernetes"
   RayBackendSpec ray;
   KubeBackendSpec kube;
+  // Never empty once parsed: without "replicas", one group of `nodes` workers running `command`.
+  std::vector<ReplicaGroup> replicas;
+  int32_t fixed_slots() const;  // chief and parameter-server slots: the part scaling never changes
 
   JobStarted job_started() const;
 };

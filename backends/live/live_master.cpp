@@ -128,6 +128,7 @@ void LiveMaster::append(const Event& e) {
           n.id = p.node;
           n.name = p.name;
           n.slot = p.slot;
+          n.kind = p.replica_type;
           n.check_wanted = spec_.node_check.enabled;
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           waiting_slots_.erase(p.slot);
@@ -204,9 +205,27 @@ void LiveMaster::append(const Event& e) {
               nodes_[slots_[s]].slot = -1;  // back to the spares
               slots_[s] = -1;
             }
+          place_spares();
         }
       },
       e.payload);
+}
+
+bool LiveMaster::fits(const Node& n, int32_t slot) const {
+  return n.kind.empty() || replica_group(spec_.replicas, slot).type == n.kind;
+}
+
+void LiveMaster::place_spares() {
+  // Part of the fold (it follows from the log alone), so a resumed master places them the same way.
+  for (int32_t s = 0; s < world_; ++s) {
+    if (slots_[s] >= 0) continue;
+    for (auto& [id, n] : nodes_)
+      if (!n.gone && n.slot < 0 && fits(n, s)) {
+        n.slot = s;
+        slots_[s] = id;
+        break;
+      }
+  }
 }
 
 void LiveMaster::execute(const Event& d) {
@@ -317,13 +336,17 @@ HttpResponse LiveMaster::on_register(const json& b, const std::string& peer_addr
   const NodeId id = n.id;
   nodes_[id] = n;
   // The slot it was launched for if that is still vacant (so a pod labelled rank 3 is rank 3),
-  // else the first vacant one.
+  // else the first vacant one of its replica type. None: it joins as a spare (an elastic policy
+  // may grow the world to take it).
   const int64_t wanted = field_or<int64_t>(b, "slot", -1);
+  // Its type: the slot it was launched for says (with one group, any slot will do).
+  if (wanted >= 0 && wanted < spec_.nodes && spec_.replicas.size() > 1)
+    nodes_[id].kind = replica_group(spec_.replicas, static_cast<int32_t>(wanted)).type;
   std::optional<int32_t> slot;
   if (wanted >= 0 && wanted < world_ && slots_[wanted] < 0) slot = static_cast<int32_t>(wanted);
   for (int32_t s = 0; s < world_ && !slot; ++s)
-    if (slots_[s] < 0) slot = s;
-  if (slot) observe(NodeJoined{id, *slot, name});  // append() records the slot
+    if (slots_[s] < 0 && fits(nodes_[id], s)) slot = s;
+  observe(NodeJoined{id, slot.value_or(-1), name, nodes_[id].kind});  // append() records the slot
   return reply(200, assignment(nodes_[id]));
 }
 
@@ -357,8 +380,11 @@ json LiveMaster::assignment(const Node& n) const {
       out["check"] = c;
     }
   } else if (n.slot < 0 || n.slot >= world_ || s.restart_jobs() == 0 || s.phase() == Phase::Scheduling ||
-             s.phase() == Phase::Idle || s.needs_restart() || clock_.now() < run_at_) {
-    out["action"] = "stop";  // a spare, or the world is between restarts: no trainer should run
+             s.phase() == Phase::Idle || s.needs_restart() || clock_.now() < run_at_ ||
+             std::any_of(slots_.begin(), slots_.begin() + world_, [](NodeId id) { return id < 0; })) {
+    // A spare, or the world is between restarts or misses a rank (a parameter server's slot that
+    // no worker may take): no trainer should run.
+    out["action"] = "stop";
   } else {
     out["action"] = "run";
     out["restart"] = restart_.restart;
@@ -377,8 +403,14 @@ json LiveMaster::assignment(const Node& n) const {
     out["dump_stacks"] = last_failure_hang_;  // the old trainers' stacks say where they hung
     out["job"] = spec_.job;
     out["run_id"] = run_id_;
-    out["command"] = spec_.command;
-    out["env"] = spec_.env;
+    // Its replica group's program; every rank learns its part and the world's shape.
+    const ReplicaGroup& g = replica_group(spec_.replicas, n.slot);
+    out["command"] = g.command;
+    json env = g.env;
+    env["GOODPUT_REPLICA_TYPE"] = g.type;
+    env["GOODPUT_REPLICA_INDEX"] = std::to_string(n.slot - g.first_slot);
+    env["GOODPUT_REPLICAS"] = replica_counts(spec_.replicas, restart_.world_size).dump();
+    out["env"] = env;
     out["storage_dir"] = spec_.storage_dir;
     out["memory_limit_mb"] = spec_.memory_limit_mb;
   }

@@ -137,6 +137,9 @@ class LiveMaster final : public Backend, public EventSink {
     std::string host;  // where other ranks reach it; not in the log: learnt again from requests
     int32_t slot = -1;  // -1: a spare
     int32_t former_slot = -1;  // the slot it held when it was relaunched
+    // The replica type it was launched as (its slot's group): it takes only slots of that type.
+    // Empty: any (an agent started by hand, or a spare known only from the log).
+    std::string kind;
     bool gone = false;  // relaunched: this machine is out of the job for good
     Time last_heartbeat = 0;
     Trainer trainer;
@@ -188,6 +191,8 @@ class LiveMaster final : public Backend, public EventSink {
   void act_on_checks();
   void start_check_round(int32_t round, std::vector<NodeId> members, const std::vector<NodeId>& peers);
   uint16_t pick_port() const;  // rank 0's offered port; else one free here
+  bool fits(const Node& n, int32_t slot) const;  // n may take slot (it is of the slot's replica type)
+  void place_spares();  // vacant slots of the world get spares of their type (after a scale decision)
 
   JobSpec spec_;
   const Clock& clock_;

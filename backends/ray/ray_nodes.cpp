@@ -98,7 +98,9 @@ void RayNodes::shut_down(int timeout_ms) {
 }
 
 SubmitRequest RayNodes::request_for(const Tracked& t) const {
+  const live::ReplicaGroup* g = o_.replicas.empty() ? nullptr : &live::replica_group(o_.replicas, t.slot);
   const live::RayBackendSpec& s = o_.spec;
+  const live::RayBackendSpec& shape = g ? g->ray : o_.spec;  // what the node's Ray job asks for
   SubmitRequest r;
   r.submission_id = submission_id(t.name);
   if (!s.working_dir.empty()) r.entrypoint = "cd " + shell_quote(s.working_dir) + " && ";
@@ -109,11 +111,13 @@ SubmitRequest RayNodes::request_for(const Tracked& t) const {
   // The token travels in the job's environment, never in its command line.
   r.env_vars["GOODPUT_TOKEN"] = o_.token;
   if (const char* ca = std::getenv("GOODPUT_CA_FILE"); ca && *ca) r.env_vars["GOODPUT_CA_FILE"] = ca;
-  r.metadata = {{"goodput_run", o_.run}, {"goodput_node", t.name}, {"goodput_rank", std::to_string(t.slot)}};
-  r.num_cpus = s.num_cpus;
-  r.num_gpus = s.num_gpus;
-  r.memory_bytes = static_cast<int64_t>(std::llround(static_cast<double>(s.memory_mb) * (1 << 20) * t.memory_permille / 1000.0));
-  r.resources = s.resources;
+  r.metadata = {{"goodput_run", o_.run}, {"goodput_node", t.name}, {"goodput_rank", std::to_string(t.slot)},
+                {"goodput_replica_type", g ? g->type : "worker"}};
+  r.num_cpus = shape.num_cpus;
+  r.num_gpus = shape.num_gpus;
+  r.memory_bytes =
+      static_cast<int64_t>(std::llround(static_cast<double>(shape.memory_mb) * (1 << 20) * t.memory_permille / 1000.0));
+  r.resources = shape.resources;
   return r;
 }
 

@@ -31,6 +31,9 @@ namespace goodput::ray {
 
 struct RayNodesOptions {
   live::RayBackendSpec spec;
+  // The job's replica groups: a slot's Ray job asks for its group's resources. Empty: all
+  // workers shaped by `spec`.
+  std::vector<live::ReplicaGroup> replicas;
   std::string agent_binary;  // spec.agent, or the master's own executable
   std::string master_url;    // spec.master_url, or the URL the master listens on
   std::string token;         // handed to agents in runtime_env.env_vars
