@@ -50,6 +50,11 @@ class Session:
         self.persist_every = _int("GOODPUT_PERSIST_EVERY")
         self.restore_step = _int("GOODPUT_RESTORE_STEP")
         self.restore_tier = e.get("GOODPUT_RESTORE_TIER", "none")
+        # This rank's part in a job with replica groups ("chief", "ps", "worker"), its index among
+        # its type, and how many of each the world has now; a plain job is all workers.
+        self.replica_type = e.get("GOODPUT_REPLICA_TYPE", "worker")
+        self.replica_index = _int("GOODPUT_REPLICA_INDEX", self.rank)
+        self.replicas = json.loads(e["GOODPUT_REPLICAS"]) if e.get("GOODPUT_REPLICAS") else {"worker": self.world_size}
         self._master = e.get("GOODPUT_MASTER", "")
         self._token = e.get("GOODPUT_TOKEN", "")
         # An https:// master is verified against GOODPUT_CA_FILE (or the system's trust store).

@@ -168,6 +168,39 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual({j["name"]: j["slot"] for j in of_type(ev, "node_joined")}, rank)
         self.assertEqual(list(rank.values()), [0, 1, 1])
 
+    def test_replica_groups_get_their_own_pods_and_a_parameter_server_comes_back_as_one(self):
+        # A parameter-server job (examples/pytorch/train_ps.py): the server's pod has its group's
+        # shape; killed for memory, it is relaunched as a server with more memory, and the
+        # workers' pods are left as they are.
+        emu = Emulator(self)
+        job = kube_spec(emu, total_steps=160,
+                        command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
+                                 "--step-seconds", "0.03", "--hidden", "64"],
+                        replicas=[{"type": "ps", "backend": {"memory_mb": 256, "cpu": "2"}},
+                                  {"type": "worker", "count": 2}])
+        del job["nodes"]
+        run = LiveRun(self, job)
+
+        def oom():
+            run.wait_for_step(40)
+            emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 0)})
+
+        self.assertEqual(run.run_while(oom), 0, run.diag())
+        ev = run.events()
+        self.assertEqual(decisions(ev), [("out_of_memory", "relaunch_with_more_memory", 1500)])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        shapes = []
+        for c in emu.created():
+            labels, res = c["metadata"]["labels"], c["spec"]["containers"][0]["resources"]
+            self.assertIn(f"-{labels['goodput/replica-type']}-", c["metadata"]["name"])
+            shapes.append((labels["goodput/replica-type"], labels["goodput/replica-index"], labels["goodput/rank"],
+                           res["limits"]["memory"], res["requests"]["cpu"]))
+        self.assertEqual(sorted(shapes[:3]), [("ps", "0", "0", "256Mi", "2"), ("worker", "0", "1", "512Mi", "1"),
+                                              ("worker", "1", "2", "512Mi", "1")])
+        self.assertEqual(shapes[3:], [("ps", "0", "0", "384Mi", "2")])
+        joined = of_type(ev, "node_joined")
+        self.assertEqual([(j["slot"], j["replica_type"]) for j in joined if "-ps-" in j["name"]], [(0, "ps"), (0, "ps")])
+
     def test_a_node_going_not_ready_loses_its_pods_to_other_nodes(self):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160))
