@@ -167,7 +167,9 @@ int cmd_explain(const std::string& db, const std::string& node) {
         [&](const auto& p) {
           using T = std::decay_t<decltype(p)>;
           if constexpr (std::is_same_v<T, NodeJoined>) {
-            if (p.node == id) line = "joined as slot " + std::to_string(p.slot);
+            if (p.node == id)
+              line = (p.slot >= 0 ? "joined as slot " + std::to_string(p.slot) : std::string("joined as a spare")) +
+                     (p.replica_type.empty() ? "" : " (" + p.replica_type + ")");
           } else if constexpr (std::is_same_v<T, FailureObserved>) {
             if (p.node == id)
               line = "observed " + std::string(to_string(p.kind)) + ": exit code " + std::to_string(p.exit_code) +

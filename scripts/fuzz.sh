@@ -16,6 +16,7 @@ cp traces/*.jsonl "$corpus/trace/"
 cp examples/policies/*.json "$corpus/policy/"
 # Job specs, and the Ray dashboard's answers as the fixtures show them (read from shared/, not copied in).
 cp examples/pytorch/job.json "$corpus/backend/job.json"
+cp examples/pytorch/ps-job.json "$corpus/backend/ps-job.json"
 cp examples/unified/*.json "$corpus/backend/"
 if [ -d ../shared/data/ray ]; then cp ../shared/data/ray/*.json "$corpus/backend/"; fi
 if [ -d ../shared/data/k8s ]; then cp ../shared/data/k8s/*.json ../shared/data/k8s/*.ndjson ../shared/data/k8s/*.yaml "$corpus/backend/"; fi

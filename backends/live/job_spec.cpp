@@ -349,7 +349,7 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   // Scaling gives up workers only: it must leave the chief and parameter servers a worker to serve.
   if (const int32_t fixed = s.fixed_slots(); fixed > 0 && s.policy.is_object())
     if (const auto sc = s.policy.find("scaling"); sc != s.policy.end() && sc->is_object() &&
-                                                   sc->value("policy", std::string()) == "elastic") {
+                                                   sc->contains("policy") && (*sc)["policy"] == "elastic") {
       const auto m = sc->find("min_nodes");
       const int64_t min_nodes = m != sc->end() && m->is_number_integer() ? m->get<int64_t>() : 1;
       if (min_nodes <= fixed)

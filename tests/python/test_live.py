@@ -228,6 +228,7 @@ class LiveTest(unittest.TestCase):
         joined = {j["name"]: (j["slot"], j["replica_type"]) for j in of_type(ev, "node_joined")}
         self.assertEqual(sorted(joined.values()), [(0, "ps"), (1, "worker"), (2, "worker")])
         server = [name for name, (slot, _) in joined.items() if slot == 0][0]
+        self.assertIn("joined as slot 0 (ps)", run.explain(server))
         failures = of_type(ev, "failure_observed")
         self.assertEqual([(f["kind"], f["signal"]) for f in failures], [("process_exit", signal.SIGKILL)])
         self.assertEqual({j["name"]: j["node"] for j in of_type(ev, "node_joined")}[server], failures[0]["node"])

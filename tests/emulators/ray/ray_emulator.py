@@ -19,6 +19,7 @@ Faults for tests, on /_emulator/ (not part of Ray's API):
         the next `count` matching API requests fail: mode "500" (a text 500), "drop" (connection
         closed, nothing done) or "drop-after" (the request is carried out, then the answer is lost)
   POST /_emulator/hold {"count"}              the next `count` submitted jobs stay PENDING
+  POST /_emulator/release {}                  held jobs may start; later ones are not held
   GET  /_emulator/requests                    every API request seen: method, path, query, body
 Usage: ray_emulator.py --fixtures DIR --state-dir DIR [--nodes N] [--node-resources JSON]
 Prints "listening on http://127.0.0.1:PORT" once ready.
@@ -370,6 +371,12 @@ class Handler(BaseHTTPRequestHandler):
         if method == "POST" and path == "/_emulator/hold":
             with c.lock:
                 c.hold += int(body["count"])
+            return self.reply(200, {"ok": True})
+        if method == "POST" and path == "/_emulator/release":
+            with c.lock:  # machines are free again: held jobs may start, new ones are not held
+                c.hold = 0
+                for job in c.jobs.values():
+                    job["held"] = False
             return self.reply(200, {"ok": True})
         return self.reply(404, "Not Found")
 
