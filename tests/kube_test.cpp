@@ -192,6 +192,17 @@ TEST_CASE("the shipped Kubernetes job spec and the deployment's ConfigMap are va
   CHECK(ex.backend == "kubernetes");
   CHECK(ex.kube.gpus == 8);
   CHECK(ex.kube.volume_mounts[0]["mountPath"] == "/checkpoints");
+  // The parameter-server example: its servers are CPU machines of their own pool.
+  const live::JobSpec ps = live::load_job_spec(std::string(GOODPUT_SOURCE_DIR) + "/examples/unified/kubernetes-ps-job.json");
+  CHECK(ps.nodes == 37);
+  CHECK(ps.fixed_slots() == 5);
+  const live::ReplicaGroup& servers = live::replica_group(ps.replicas, 1);
+  CHECK(servers.type == "ps");
+  CHECK(servers.kube.gpus == 0);
+  CHECK(servers.kube.node_selector.at("pool") == "cpu-highmem");
+  CHECK(servers.kube.tolerations.empty());
+  CHECK(servers.kube.volume_mounts == ex.kube.volume_mounts);
+  CHECK(live::replica_group(ps.replicas, 36).kube.gpus == 8);
   std::ifstream in(std::string(GOODPUT_SOURCE_DIR) + "/backends/kubernetes/deploy/goodput.yaml");
   std::stringstream ss;
   ss << in.rdbuf();
