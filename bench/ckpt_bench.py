@@ -7,8 +7,9 @@
   fresh memory (the limit for a restore, which must fault its destination in, as torch.load must).
 - save: the blocking part of FlashCheckpoint.save (into shared memory), after the first save.
 - restore: FlashCheckpoint.load from shared memory, in a process that has not mapped it.
-- persist: FlashCheckpoint.persist (copy out of shared memory, write, fsync, rename) against a
-  plain sequential write + fsync of the same bytes (dd-style).
+- persist: FlashCheckpoint.persist (copy out of shared memory, write around the page cache, fsync,
+  rename) against a plain sequential write + fsync of the same bytes to a new file (dd-style), the
+  previous file kept as a persist keeps the previous checkpoint.
 - torch.save / torch.load of the same state dict to the same directory, with fsync.
 """
 
@@ -114,10 +115,13 @@ def main():
             ck.remove_memory()
 
         raw = flat.numpy().tobytes() if size <= (1 << 30) else None
-        seq_path = os.path.join(root, f"seq-{size_text}")
+        seq_paths = []
 
         def seq_write():
-            with open(seq_path, "wb") as f:
+            # A new file each time, the previous one kept: a persist writes a new checkpoint while
+            # the older ones stay (rewriting one file would reuse the pages its truncation frees).
+            seq_paths.append(os.path.join(root, f"seq-{size_text}-{len(seq_paths)}"))
+            with open(seq_paths[-1], "wb") as f:
                 if raw is not None:
                     f.write(raw)
                 else:
@@ -126,7 +130,8 @@ def main():
                 os.fsync(f.fileno())
 
         t_seq = best(seq_write, repeat=2)
-        os.unlink(seq_path)
+        for p in seq_paths:
+            os.unlink(p)
         del raw
 
         tpath = os.path.join(root, f"torch-{size_text}.pt")

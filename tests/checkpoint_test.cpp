@@ -4,7 +4,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <signal.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,6 +152,41 @@ TEST_CASE("a checkpoint round-trips through memory and through storage bit for b
   check_holds(*disk, 7);
   CHECK((std::filesystem::status(c.step_dir(7)).permissions() & std::filesystem::perms::others_all) ==
         std::filesystem::perms::none);
+}
+
+TEST_CASE("a large checkpoint is written around the page cache, to its exact size, and loads bit for bit") {
+  TempDir dir("ckpt-direct");
+  FlashCheckpoint c(opts("direct", dir));
+  Cleanup clean{{&c}};
+  const size_t n = (9 << 20) + 4093;  // neither buffer a whole number of device blocks
+  c.save(3, State(3, n).views());
+  const PersistStats p = c.persist();
+  REQUIRE(p.written);
+  CHECK(std::filesystem::file_size(p.path) == p.bytes);  // the padded last block was cut off
+  struct statfs fs {};
+  REQUIRE(::statfs(p.path.c_str(), &fs) == 0);
+  if (fs.f_type == TMPFS_MAGIC) {
+    MESSAGE("storage is on tmpfs (no O_DIRECT): the buffered path was taken");
+  } else {
+    // Pages of the new file in the page cache: none or almost none (the file system may keep a few).
+    const int fd = ::open(p.path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    void* m = ::mmap(nullptr, p.bytes, PROT_READ, MAP_SHARED, fd, 0);
+    REQUIRE(m != MAP_FAILED);
+    const size_t pages = (p.bytes + 4095) / 4096;
+    std::vector<unsigned char> resident(pages);
+    REQUIRE(::mincore(m, p.bytes, resident.data()) == 0);
+    size_t cached = 0;
+    for (unsigned char r : resident) cached += r & 1;
+    CHECK_MESSAGE(cached * 10 < pages, cached << " of " << pages << " pages are in the page cache");
+    ::munmap(m, p.bytes);
+    ::close(fd);
+  }
+  c.remove_memory();
+  auto l = c.load();
+  REQUIRE(l);
+  CHECK(l->tier == Tier::Storage);
+  check_holds(*l, 3, n);
 }
 
 TEST_CASE("a trainer killed with SIGKILL in the middle of a save leaves the previous checkpoint loadable") {

@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 namespace goodput::ckpt {
@@ -21,6 +23,9 @@ constexpr char kMagic[8] = {'G', 'P', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr uint64_t kHeaderBytes = 64;
 constexpr uint64_t kChunk = 1 << 20;  // checksummed, copied and read in 1 MiB chunks, in parallel
 constexpr uint64_t kParallelBytes = 32 << 20;  // below this, one thread
+constexpr size_t kDirectMin = 8 << 20;          // files from this size are written around the page cache
+constexpr size_t kDirectAlign = 4096;           // O_DIRECT: buffer, offset and length in device blocks
+constexpr size_t kBounceBytes = 8 << 20;
 
 struct Header {
   char magic[8];
@@ -367,7 +372,15 @@ class PosixStorage final : public Storage {
  public:
   void write_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) override {
     const std::string tmp = path + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    size_t total = 0;
+    for (const auto& part : parts) total += part.second;
+    // A large file bypasses the page cache (O_DIRECT, through an aligned bounce buffer): written
+    // buffered, a new checkpoint file grows the page cache by its own size, which on a host whose
+    // memory is in use costs more than the disk write itself (and evicts what the trainer reads).
+    // A file system without O_DIRECT (tmpfs) gets buffered writes.
+    int fd = total >= kDirectMin ? ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600) : -1;
+    bool direct = fd >= 0;
+    if (!direct) fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) throw CheckpointError(sys_error("open " + tmp));
     auto fail = [&](const std::string& what) {
       const int e = errno;
@@ -376,18 +389,51 @@ class PosixStorage final : public Storage {
       errno = e;
       throw CheckpointError(sys_error(what + " " + tmp));
     };
-    for (const auto& [data, size] : parts) {
-      const char* p = static_cast<const char*>(data);
-      size_t left = size;
-      while (left > 0) {
+    bool refused = false;  // the file system took O_DIRECT at open but not at write (EINVAL)
+    auto write_all = [&](const char* p, size_t left) {
+      while (left > 0 && !refused) {
         const ssize_t n = ::write(fd, p, std::min<size_t>(left, size_t{1} << 30));
         if (n < 0) {
           if (errno == EINTR) continue;
+          if (errno == EINVAL && direct) {
+            refused = true;
+            break;
+          }
           fail("write");
         }
         p += n;
         left -= static_cast<size_t>(n);
       }
+    };
+    if (direct) {
+      std::unique_ptr<char, decltype(&std::free)> bounce(static_cast<char*>(std::aligned_alloc(kDirectAlign, kBounceBytes)),
+                                                          &std::free);
+      if (!bounce) fail("allocate a write buffer for");
+      size_t fill = 0;
+      for (const auto& [data, size] : parts)
+        for (size_t done = 0; done < size;) {
+          const size_t n = std::min(size - done, kBounceBytes - fill);
+          std::memcpy(bounce.get() + fill, static_cast<const char*>(data) + done, n);
+          fill += n;
+          done += n;
+          if (fill == kBounceBytes) {
+            write_all(bounce.get(), fill);
+            fill = 0;
+          }
+        }
+      if (fill > 0 && !refused) {  // the last block is padded for the device, and the file cut to its size
+        const size_t padded = (fill + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+        std::memset(bounce.get() + fill, 0, padded - fill);
+        write_all(bounce.get(), padded);
+        if (!refused && ::ftruncate(fd, static_cast<off_t>(total)) != 0) fail("truncate");
+      }
+    }
+    if (!direct || refused) {  // buffered, from the start
+      if (refused && (::ftruncate(fd, 0) != 0 || ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT) != 0 ||
+                      ::lseek(fd, 0, SEEK_SET) != 0))
+        fail("fall back from O_DIRECT for");
+      direct = refused = false;
+      for (const auto& [data, size] : parts) write_all(static_cast<const char*>(data), size);
     }
     if (::fsync(fd) != 0) fail("fsync");
     if (::close(fd) != 0) {
