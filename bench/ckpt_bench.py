@@ -6,7 +6,8 @@
 - memcpy: copying the state into memory that is already mapped (the limit for a save), and into
   fresh memory (the limit for a restore, which must fault its destination in, as torch.load must).
 - save: the blocking part of FlashCheckpoint.save (into shared memory), after the first save.
-- restore: FlashCheckpoint.load from shared memory, in a process that has not mapped it.
+- restore: FlashCheckpoint.load from shared memory, in a process that has not mapped it; and
+  load(into=...) into tensors that exist already (a restarted trainer's model), against memcpy.
 - persist: FlashCheckpoint.persist (copy out of shared memory, write around the page cache, fsync,
   rename) against a plain sequential write + fsync of the same bytes to a new file (dd-style), the
   previous file kept as a persist keeps the previous checkpoint.
@@ -79,7 +80,7 @@ def main():
     root = args.dir or tempfile.mkdtemp(prefix="goodput-bench-")
     print(f"flash checkpoint benchmark, storage under {root}, one thread\n")
     print(f"{'size':>6} {'memcpy':>9} {'fresh':>9} | {'save':>9} {'%memcpy':>8} {'restore':>9} {'%fresh':>7} "
-          f"{'%memcpy':>8} | {'persist':>9} {'seq-write':>9} {'%':>5} | {'torch.save':>10} {'torch.load':>10} | {'save x':>7} {'load x':>7}")
+          f"{'%memcpy':>8} {'into':>9} {'%memcpy':>8} | {'persist':>9} {'seq-write':>9} {'%':>5} | {'torch.save':>10} {'torch.load':>10} | {'save x':>7} {'load x':>7}")
     for size_text in args.sizes.split(","):
         size = parse_size(size_text)
         state = make_state(size)
@@ -106,6 +107,10 @@ def main():
             save()
             t_save = best(save)
             t_restore = min(restore_in_fresh_process(prefix, job) for _ in range(2))
+            target = {k: torch.empty_like(v) for k, v in state.items()}  # a live model's tensors
+            ck.load(into=target)
+            t_into = best(lambda: ck.load(into=target))
+            assert ck.last_load["placed"] == len(state)
             persist_times = []
             for _ in range(2):
                 save()
@@ -148,12 +153,14 @@ def main():
 
         print(f"{size_text:>6} {gbps(nbytes, memcpy):>7.2f}GB {gbps(nbytes, fresh):>7.2f}GB | "
               f"{gbps(nbytes, t_save):>7.2f}GB {t_save and memcpy / t_save * 100:>7.0f}% "
-              f"{gbps(nbytes, t_restore):>7.2f}GB {fresh / t_restore * 100:>6.0f}% {memcpy / t_restore * 100:>7.0f}% | "
+              f"{gbps(nbytes, t_restore):>7.2f}GB {fresh / t_restore * 100:>6.0f}% {memcpy / t_restore * 100:>7.0f}% "
+              f"{gbps(nbytes, t_into):>7.2f}GB {memcpy / t_into * 100:>7.0f}% | "
               f"{gbps(nbytes, t_persist):>7.2f}GB {gbps(nbytes, t_seq):>7.2f}GB {t_seq / t_persist * 100:>4.0f}% | "
               f"{gbps(nbytes, t_tsave):>8.2f}GB {gbps(nbytes, t_tload):>8.2f}GB | "
               f"{t_tsave / t_save:>6.1f}x {t_tload / t_restore:>6.1f}x")
     print("\nGB = GB/s. %memcpy: save against copying into mapped memory; %fresh: restore against copying into "
-          "fresh memory (4 KiB pages, as torch.empty gets) and into mapped memory; %: persist against a plain sequential write + fsync; x: torch.save / save and "
+          "fresh memory (4 KiB pages, as torch.empty gets) and into mapped memory; into: restore into a live model's tensors "
+          "(load(into=...)) against copying into mapped memory; %: persist against a plain sequential write + fsync; x: torch.save / save and "
           "torch.load / restore.")
 
 

@@ -33,7 +33,8 @@ py::dict loaded_to_dict(std::shared_ptr<Loaded> l, bool zero_copy) {
     d["dtype"] = b.dtype;
     d["shape"] = b.shape;
     d["nbytes"] = b.nbytes;
-    d["data"] = LoadedBuffer{l, const_cast<uint8_t*>(l->data()) + b.offset, b.nbytes, zero_copy && l->tier == Tier::Memory};
+    d["placed"] = l->placed.count(b.name) > 0;  // already in the caller's tensor
+    d["data"] = LoadedBuffer{l, const_cast<uint8_t*>(l->buffer(b.name)), b.nbytes, zero_copy && l->tier == Tier::Memory};
     buffers.append(d);
   }
   out["buffers"] = buffers;
@@ -84,16 +85,21 @@ PYBIND11_MODULE(_ckpt, m) {
              return py::dict(py::arg("bytes") = s.bytes, py::arg("seconds") = s.seconds, py::arg("object") = s.object);
            })
       .def("load_raw",
-           [](FlashCheckpoint& c, std::optional<int64_t> step, bool zero_copy) -> py::object {
+           [](FlashCheckpoint& c, std::optional<int64_t> step, bool zero_copy,
+              std::optional<std::map<std::string, std::pair<uintptr_t, uint64_t>>> into) -> py::object {
+             // into: buffer name -> (address, bytes) of memory the caller owns and keeps alive
+             Destinations dest;
+             if (into)
+               for (const auto& [name, where] : *into) dest[name] = {reinterpret_cast<uint8_t*>(where.first), where.second};
              std::optional<Loaded> l;
              {
                py::gil_scoped_release release;
-               l = c.load(step, zero_copy);
+               l = c.load(step, zero_copy, into ? &dest : nullptr);
              }
              if (!l) return py::none();
              return loaded_to_dict(std::make_shared<Loaded>(std::move(*l)), zero_copy);
            },
-           py::arg("step") = py::none(), py::arg("zero_copy") = false)
+           py::arg("step") = py::none(), py::arg("zero_copy") = false, py::arg("into") = py::none())
       .def("persist",
            [](FlashCheckpoint& c) {
              PersistStats s;

@@ -189,6 +189,42 @@ TEST_CASE("a large checkpoint is written around the page cache, to its exact siz
   check_holds(*l, 3, n);
 }
 
+TEST_CASE("a load into the caller's buffers reads memory checkpoints straight there, and only buffers that fit") {
+  TempDir dir("ckpt-into");
+  FlashCheckpoint c(opts("into", dir));
+  Cleanup clean{{&c}};
+  const State s(5);
+  c.save(5, s.views());
+  std::vector<uint8_t> weights(s.weights.size(), 0xAB), too_small(s.optimizer.size() - 1, 0xCD);
+  const Destinations into = {{"model.weight", {weights.data(), weights.size()}},
+                             {"optim.exp_avg", {too_small.data(), too_small.size()}}};
+  auto l = c.load(std::nullopt, false, &into);
+  REQUIRE(l);
+  CHECK(l->placed.size() == 1);
+  uint64_t nb = 0;
+  CHECK(l->buffer("model.weight", &nb) == weights.data());  // the caller's memory, filled
+  CHECK(weights == s.weights);
+  CHECK(std::all_of(too_small.begin(), too_small.end(), [](uint8_t b) { return b == 0xCD; }));  // untouched
+  check_holds(*l, 5);
+  // A byte flipped in shared memory is found in the caller's copy too: the load falls back to the
+  // older step (the other object).
+  c.save(6, State(6).views());
+  {
+    const int fd = ::shm_open(c.shm_name(1).c_str(), O_RDWR, 0);
+    REQUIRE(fd >= 0);
+    const uint8_t bad = 0x5A;
+    REQUIRE(::pwrite(fd, &bad, 1, 4096) == 1);
+    ::close(fd);
+  }
+  auto back = c.load(std::nullopt, false, &into);
+  REQUIRE(back);
+  CHECK(back->manifest.step == 5);
+  REQUIRE(back->skipped.size() == 1);
+  CHECK(back->skipped[0].find("checksum") != std::string::npos);
+  CHECK(weights == s.weights);
+  check_holds(*back, 5);
+}
+
 TEST_CASE("a trainer killed with SIGKILL in the middle of a save leaves the previous checkpoint loadable") {
   TempDir dir("ckpt-kill");
   const size_t n = 48 << 20;  // 48 MiB per save: a kill usually lands inside the copy

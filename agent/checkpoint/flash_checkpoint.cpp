@@ -304,7 +304,7 @@ struct Region {
   uint64_t size = 0;
 };
 
-Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse = nullptr) {
+Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse = nullptr, const Destinations* into = nullptr) {
   auto t0 = std::chrono::steady_clock::now();
   Loaded out;
   out.tier = Tier::Memory;
@@ -349,8 +349,18 @@ Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse = nullptr
     if (!buf.data || buf.size < snap.data_bytes) buf = Region{huge_alloc(snap.data_bytes), snap.data_bytes};
     uint8_t* dst = buf.data.get();
     const Manifest& man = out.manifest;
+    std::vector<uint8_t*> where(man.buffers.size());  // each buffer's destination
+    for (size_t b = 0; b < man.buffers.size(); ++b) {
+      where[b] = dst + man.buffers[b].offset;
+      if (!into) continue;
+      const auto it = into->find(man.buffers[b].name);
+      if (it != into->end() && it->second.nbytes == man.buffers[b].nbytes && it->second.data) {
+        where[b] = it->second.data;
+        out.placed[man.buffers[b].name] = it->second.data;
+      }
+    }
     const auto sums = for_chunks(buffer_sizes(man), [&](uint32_t b, uint64_t off, uint64_t n) {
-      uint8_t* p = dst + man.buffers[b].offset + off;
+      uint8_t* p = where[b] + off;
       pread_all(fd, p, n, kHeaderBytes + man.buffers[b].offset + off);
       return XXH3_64bits(p, n);
     });
@@ -507,7 +517,8 @@ const uint8_t* Loaded::buffer(const std::string& name, uint64_t* nbytes) const {
   for (const BufferInfo& b : manifest.buffers)
     if (b.name == name) {
       if (nbytes) *nbytes = b.nbytes;
-      return data_ + b.offset;
+      const auto p = placed.find(name);
+      return p != placed.end() ? p->second : data_ + b.offset;
     }
   return nullptr;
 }
@@ -672,7 +683,7 @@ void FlashCheckpoint::remove_memory() {
   ::shm_unlink(shm_name(1).c_str());
 }
 
-std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool zero_copy) {
+std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool zero_copy, const Destinations* into) {
   struct Candidate {
     int64_t step;
     Tier tier;
@@ -704,7 +715,8 @@ std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool ze
   });
   for (const Candidate& c : cands) {
     try {
-      Loaded l = c.tier == Tier::Memory ? read_shm(c.where, zero_copy) : read_checkpoint_file(*options_.storage, c.where);
+      Loaded l = c.tier == Tier::Memory ? read_shm(c.where, zero_copy && !into, nullptr, into)
+                                        : read_checkpoint_file(*options_.storage, c.where);
       if (l.manifest.step != c.step) throw CheckpointError("holds step " + std::to_string(l.manifest.step));
       if (l.manifest.rank != options_.rank) throw CheckpointError("belongs to rank " + std::to_string(l.manifest.rank));
       l.skipped = std::move(skipped);

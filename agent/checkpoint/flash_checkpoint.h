@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -77,9 +78,20 @@ class Loaded {
   const uint8_t* data() const { return data_; }
   const uint8_t* buffer(const std::string& name, uint64_t* nbytes = nullptr) const;
 
+  // Buffers read straight into memory the caller passed (load's `into`): name -> where they are.
+  std::map<std::string, uint8_t*> placed;
+
   std::shared_ptr<void> keepalive_;
   const uint8_t* data_ = nullptr;
 };
+
+// Where the caller wants buffers of a checkpoint put (its model's tensors, already in memory), by
+// buffer name: a buffer of exactly that size is read there instead of into fresh memory.
+struct Destination {
+  uint8_t* data = nullptr;
+  uint64_t nbytes = 0;
+};
+using Destinations = std::map<std::string, Destination>;
 
 // The file system, behind an interface so tests can fail writes (disk full, read-only) on purpose.
 class Storage {
@@ -132,7 +144,11 @@ class FlashCheckpoint {
   // Trainer: the newest checkpoint complete across ranks, from memory if valid there, else from
   // storage; nullopt if none. With `step`, that step only. zero_copy: verified in place in shared
   // memory and returned as a view (valid until the save after next); otherwise a private copy.
-  std::optional<Loaded> load(std::optional<int64_t> step = std::nullopt, bool zero_copy = false);
+  // into: buffers from shared memory go straight to these (verified there, as they arrive); a
+  // buffer it does not name or whose size differs, and everything from storage, goes to fresh
+  // memory. If the load fails, what `into` holds is undefined.
+  std::optional<Loaded> load(std::optional<int64_t> step = std::nullopt, bool zero_copy = false,
+                             const Destinations* into = nullptr);
 
   // Agent: write the newest committed memory checkpoint to storage if storage lacks its step,
   // then keep the newest `keep` complete steps. Safe while the trainer saves; never blocks it.

@@ -69,6 +69,19 @@ def _unflatten(obj, tensors):
     return obj
 
 
+def _tensor_paths(obj, path, out):
+    """{tensor index: where it sits in the structure} of a flattened state."""
+    if isinstance(obj, _TensorRef):
+        out[obj.index] = path
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _tensor_paths(v, path + (k,), out)
+    elif isinstance(obj, (list, tuple)):
+        for k, v in enumerate(obj):
+            _tensor_paths(v, path + (k,), out)
+    return out
+
+
 def _dtype(name):
     dtype = getattr(torch, name.rsplit(".", 1)[-1], None)
     if not isinstance(dtype, torch.dtype):
@@ -104,22 +117,50 @@ class FlashCheckpoint:
         self.last_save = stats
         return stats
 
-    def load(self, step=None, zero_copy=False):
+    def load(self, step=None, zero_copy=False, into=None):
         """Returns (step, state), or (None, None) when no checkpoint exists. Raises CheckpointError
         when checkpoints exist but none is valid (the message says why each was skipped).
 
         zero_copy=True: tensors loaded from shared memory are read-only views of it, verified in
         place, with no copy at all; pass them straight to load_state_dict (which copies into the
-        model) and drop them before the save after next, which reuses that memory."""
+        model) and drop them before the save after next, which reuses that memory.
+
+        into=state: a state of the same structure as the one saved, whose tensors are filled in
+        place (the returned state holds them): {"model": model.state_dict(), "optim": ...}. From
+        shared memory each contiguous CPU tensor is read straight into and verified there, so a
+        restore costs one pass over memory that is already the model's. If the load fails, or a
+        tensor does not match the checkpoint's (CheckpointError), what they hold is undefined."""
         t0 = time.perf_counter()
-        raw = self._c.load_raw(step, zero_copy)
+        targets, dest = [], None
+        if into is not None:
+            _flatten(into, targets)
+            dest = {str(i): (t.data_ptr(), t.numel() * t.element_size()) for i, t in enumerate(targets)
+                    if t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0}
+        raw = self._c.load_raw(step, zero_copy, dest)
         if raw is None:
             return None, None
         by_name = {b["name"]: b for b in raw["buffers"]}
         skeleton = pickle.loads(bytes(memoryview(by_name.pop(_SKELETON)["data"])))
+        if into is not None:
+            want = _tensor_paths(skeleton, (), {})
+            have = _tensor_paths(_flatten(into, []), (), {})
+            if want != have:
+                raise CheckpointError(f"into: its tensors are not the checkpoint's (the checkpoint has "
+                                      f"{len(want)} at {sorted(want.values())[:5]}...; into has {len(have)})")
         tensors = [None] * len(by_name)
         for name, b in by_name.items():
             dtype = _dtype(b["dtype"])
+            i = int(name)
+            if into is not None:
+                t = targets[i]
+                if t.dtype != dtype or list(t.shape) != list(b["shape"]):
+                    raise CheckpointError(f"into: tensor {want[i]} is {t.dtype} {list(t.shape)}, the checkpoint's "
+                                          f"is {dtype} {list(b['shape'])}")
+                if not b["placed"] and b["nbytes"] > 0:
+                    with torch.no_grad():
+                        t.copy_(torch.frombuffer(b["data"], dtype=dtype).view(b["shape"]))
+                tensors[i] = t
+                continue
             if b["nbytes"] == 0:
                 t = torch.empty(b["shape"], dtype=dtype)
             elif memoryview(b["data"]).readonly:
@@ -129,7 +170,7 @@ class FlashCheckpoint:
             else:
                 t = torch.frombuffer(b["data"], dtype=dtype).view(b["shape"])
             tensors[int(name)] = t
-        raw.pop("buffers")
+        raw["placed"] = sum(1 for b in raw.pop("buffers") if b["placed"])  # read straight into `into`
         raw["total_seconds"] = time.perf_counter() - t0
         self.last_load = raw
         return raw["step"], _unflatten(skeleton, tensors)

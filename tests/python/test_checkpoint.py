@@ -87,6 +87,43 @@ class FlashCheckpointTest(unittest.TestCase):
         opt2.load_state_dict(from_disk["optim"])
         self.assertEqual(train(model, opt, 3, seed=7), train(model2, opt2, 3, seed=7))
 
+    def test_load_into_the_live_model_and_optimizer(self):
+        model, opt = make_training()
+        train(model, opt, 4)
+        self.ckpt.save(4, {"model": model.state_dict(), "optim": opt.state_dict(), "step": 4})
+        # Another process's model and optimizer: same structure, other values (one step taken so
+        # the optimizer has its state tensors).
+        model2, opt2 = make_training(seed=5)
+        train(model2, opt2, 1, seed=9)
+        params = [p.data_ptr() for p in model2.parameters()]
+        target = {"model": model2.state_dict(), "optim": opt2.state_dict(), "step": 0}
+        step, state = self.ckpt.load(into=target)
+        self.assertEqual((step, state["step"]), (4, 4))
+        n = len(model2.state_dict()) + sum(len(v) for v in opt2.state_dict()["state"].values())
+        self.assertEqual(self.ckpt.last_load["placed"], n, "every tensor read straight into its place")
+        self.assertEqual([p.data_ptr() for p in model2.parameters()], params, "filled in place")
+        self.assertTrue(same(model.state_dict(), model2.state_dict()))
+        self.assertTrue(same(opt.state_dict()["state"], opt2.state_dict()["state"]))
+        self.assertEqual(train(model, opt, 3, seed=7), train(model2, opt2, 3, seed=7))
+
+        # From storage the tensors are copied in (not placed); the values are the same.
+        self.ckpt.persist()
+        self.ckpt.remove_memory()
+        model3, opt3 = make_training(seed=6)
+        train(model3, opt3, 1, seed=9)
+        self.ckpt.load(into={"model": model3.state_dict(), "optim": opt3.state_dict(), "step": 0})
+        self.assertEqual((self.ckpt.last_load["tier"], self.ckpt.last_load["placed"]), ("storage", 0))
+        model4, _ = make_training()
+        train(model4, torch.optim.Adam(model4.parameters(), lr=1e-2), 4)
+        self.assertTrue(same(model4.state_dict(), model3.state_dict()))
+
+        # A model of another shape is refused by name, not filled with the wrong bytes silently.
+        other = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        with self.assertRaisesRegex(CheckpointError, r"into: tensor \('model', '2.weight'\) is torch.float32 \[8, 64\]"):
+            self.ckpt.load(into={"model": other.state_dict(), "optim": opt3.state_dict(), "step": 0})
+        with self.assertRaisesRegex(CheckpointError, "into: its tensors are not the checkpoint's"):
+            self.ckpt.load(into={"model": model3.state_dict()})
+
     def test_zero_copy_load_views_shared_memory(self):
         model, opt = make_training()
         train(model, opt, 2)
