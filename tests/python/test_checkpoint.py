@@ -124,6 +124,32 @@ class FlashCheckpointTest(unittest.TestCase):
         with self.assertRaisesRegex(CheckpointError, "into: its tensors are not the checkpoint's"):
             self.ckpt.load(into={"model": model3.state_dict()})
 
+    def test_a_file_system_that_refuses_direct_writes_gets_the_checkpoint_buffered(self):
+        # Large checkpoints are written around the page cache (O_DIRECT); where the file system
+        # refuses that at write time, the persist falls back to buffered writes of the whole file.
+        shim_dir = tempfile.mkdtemp(prefix="goodput-direct-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", shim_dir])
+        shim = os.path.join(shim_dir, "direct_refused.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", shim,
+                        os.path.join(os.path.dirname(os.path.abspath(__file__)), "direct_refused.c"), "-ldl"], check=True)
+        storage = os.path.join(self.dir.name, "refused")
+        code = textwrap.dedent(f"""
+            import torch
+            from goodput.checkpoint import FlashCheckpoint
+            c = FlashCheckpoint("refused", storage_dir={storage!r}, shm_prefix={self.prefix + "-refused"!r})
+            g = torch.Generator().manual_seed(3)
+            c.save(9, {{"w": torch.randn(3 << 20, generator=g), "step": 9}})  # 12 MiB: a direct write
+            print(c.persist()["written"])
+            c.remove_memory()
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ, LD_PRELOAD=shim))
+        self.assertEqual(out.stdout.strip(), "True", out.stderr)
+        c = FlashCheckpoint("refused", storage_dir=storage, shm_prefix=self.prefix + "-refused")
+        step, state = c.load()
+        self.assertEqual((step, c.last_load["tier"]), (9, "storage"))
+        self.assertTrue(same(state["w"], torch.randn(3 << 20, generator=torch.Generator().manual_seed(3))))
+
     def test_zero_copy_load_views_shared_memory(self):
         model, opt = make_training()
         train(model, opt, 2)
