@@ -237,6 +237,16 @@ nlohmann::json replica_counts(const std::vector<ReplicaGroup>& groups, int32_t w
   return out;
 }
 
+std::vector<ReplicaGroup> JobSpec::workers_only() const {
+  ReplicaGroup g;
+  g.count = nodes;
+  g.command = command;
+  g.env = env;
+  g.kube = kube;
+  g.ray = ray;
+  return {g};
+}
+
 int32_t JobSpec::fixed_slots() const {
   int32_t n = 0;
   for (const ReplicaGroup& g : replicas)
@@ -338,13 +348,7 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
     if (total > 4096) r.fail("replicas", "add up to " + std::to_string(total) + " nodes; at most 4096");
     s.nodes = total;
   } else {
-    ReplicaGroup g;
-    g.count = s.nodes;
-    g.command = s.command;
-    g.env = s.env;
-    g.kube = s.kube;
-    g.ray = s.ray;
-    s.replicas.push_back(std::move(g));
+    s.replicas = s.workers_only();
   }
   // Scaling gives up workers only: it must leave the chief and parameter servers a worker to serve.
   if (const int32_t fixed = s.fixed_slots(); fixed > 0 && s.policy.is_object())

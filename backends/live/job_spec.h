@@ -124,8 +124,10 @@ struct JobSpec {
   std::string backend = "local";  // "local", "ray" or "kubernetes"
   RayBackendSpec ray;
   KubeBackendSpec kube;
-  // Never empty once parsed: without "replicas", one group of `nodes` workers running `command`.
+  // Never empty once parsed: without "replicas", one group of `nodes` workers running `command`
+  // (workers_only() makes that group for a spec built in code).
   std::vector<ReplicaGroup> replicas;
+  std::vector<ReplicaGroup> workers_only() const;
   int32_t fixed_slots() const;  // chief and parameter-server slots: the part scaling never changes
 
   JobStarted job_started() const;

@@ -101,6 +101,7 @@ LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, con
       run_id_(std::move(run_id)),
       store_(store),
       master_(std::move(policies), clock, *this, {&store, this}, JobMaster::Options{.flush_before_acting = true}) {
+  if (spec_.replicas.empty()) spec_.replicas = spec_.workers_only();  // a spec built in code, not parsed
   ledger_.reset(spec_.data_shards);
   slots_.assign(static_cast<size_t>(spec_.nodes), -1);
   slot_memory_.assign(static_cast<size_t>(spec_.nodes), 1000);
