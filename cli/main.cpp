@@ -191,7 +191,8 @@ int cmd_explain(const std::string& db, const std::string& node) {
                      format_duration(e.time - p.stalled_since) + ": " + p.reason;
           } else if constexpr (std::is_same_v<T, CheckRequested>) {
             if (std::find(p.nodes.begin(), p.nodes.end(), id) != p.nodes.end())
-              line = "check requested: " + p.reason + (p.fault.empty() ? "" : " (fault drill: " + p.fault + ")");
+              line = std::string(p.waiting ? "check requested, to start after the next checkpoint: " : "checking: ") +
+                     p.reason + (p.fault.empty() ? "" : " (fault drill: " + p.fault + ")");
           } else if constexpr (std::is_same_v<T, StatusObserved>) {
             if (p.name == name_of_id) line = p.object + " status: " + p.status;
           } else if constexpr (std::is_same_v<T, NodeReturned>) {

@@ -175,6 +175,11 @@ struct CheckRequested {
   std::vector<NodeId> nodes;
   std::string fault;
   std::string reason;
+  // Asked for while training with periodic checkpoints: it starts (a second check_requested, not
+  // waiting) right after the first checkpoint newer than `after_step`, so nothing is recomputed.
+  // Logged when asked, so a master that restarts meanwhile still carries it out.
+  bool waiting = false;
+  int64_t after_step = 0;
 };
 
 struct JobFinished {

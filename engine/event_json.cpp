@@ -38,7 +38,10 @@ template <class F> void fields(NodeChecked& v, F&& f) {
   f("verdict", v.verdict); f("detail", v.detail);
 }
 template <class F> void fields(StatusObserved& v, F&& f) { f("object", v.object); f("name", v.name); f("status", v.status); }
-template <class F> void fields(CheckRequested& v, F&& f) { f("nodes", v.nodes); f("fault", v.fault); f("reason", v.reason); }
+template <class F> void fields(CheckRequested& v, F&& f) {
+  f("nodes", v.nodes); f("fault", v.fault); f("reason", v.reason);
+  f.optional("waiting", v.waiting); f.optional("after_step", v.after_step);
+}
 template <class F> void fields(StallObserved& v, F&& f) {
   f("node", v.node); f("stalled_since_ns", v.stalled_since); f("resumed", v.resumed); f("reason", v.reason);
 }

@@ -216,7 +216,7 @@ void JobState::apply(const Event& e) {
           } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
             plan_ = p;
           } else if constexpr (std::is_same_v<T, CheckRequested>) {
-            stage_ = Stage::None;  // the trainers stop for the check; the job restarts after it
+            if (!p.waiting) stage_ = Stage::None;  // the trainers stop for the check; the job restarts after it
           } else if constexpr (std::is_same_v<T, ScaleDecided>) {
             world_size_ = p.to;
             waiting_for_spare_ = std::min(waiting_for_spare_, vacant_slots());

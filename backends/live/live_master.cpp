@@ -152,6 +152,14 @@ void LiveMaster::append(const Event& e) {
             n.check_detail = p.detail;
           }
         } else if constexpr (std::is_same_v<T, CheckRequested>) {
+          if (p.waiting) {  // starts after the next checkpoint (start_waiting_check)
+            waiting_check_ = p;
+            waiting_check_->waiting = false;
+            waiting_check_->after_step = 0;
+            waiting_check_after_ = p.after_step;
+            return;
+          }
+          waiting_check_.reset();
           // Checked again from scratch: its verdict and what was acted on (its last measured link
           // stays: it only ranks nodes that passed as partners, and this one is not one now).
           checks_requested_ = true;
@@ -571,8 +579,9 @@ json LiveMaster::request_check(const std::vector<int32_t>& slots, const std::str
     names.push_back({{"slot", s}, {"node", slots_[s]}, {"name", nodes_[slots_[s]].name}});
   }
   if (!now && plan_.every_steps > 0 && master_.state().phase() == Phase::Training) {
-    waiting_check_ = std::move(r);
-    waiting_check_after_ = saved_step_;
+    r.waiting = true;
+    r.after_step = saved_step_;
+    observe(std::move(r));  // append() keeps it in waiting_check_
     return json{{"checking", names}, {"when", "after the next checkpoint"}};
   }
   observe(std::move(r));

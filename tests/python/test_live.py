@@ -460,8 +460,10 @@ class LiveTest(unittest.TestCase):
         self.assertIn("after the next checkpoint", answers[1].stdout)
         ev = run.events()
         joined = {j["node"]: j for j in of_type(ev, "node_joined")}
+        # Logged when asked (waiting for the checkpoint), then again when it starts.
         asked = of_type(ev, "check_requested")
-        self.assertEqual(len(asked), 1, asked)
+        self.assertEqual([a.get("waiting", False) for a in asked], [True, False], asked)
+        asked = asked[1:]
         self.assertEqual((asked[0]["fault"], asked[0]["reason"]), ("corrupt", "rehearsal"))
         bad = asked[0]["nodes"][0]
         self.assertEqual(joined[bad]["slot"], 1)
@@ -473,7 +475,7 @@ class LiveTest(unittest.TestCase):
         self.assertEqual([(d["node"], d["diagnosis"], d["action"]) for d in decided],
                          [(bad, "hardware_error", "relaunch_node")])
         # Training stopped in the same moment as the checkpoint it waited for, and restarted from it.
-        seq_asked = [e["seq"] for e in ev if e["type"] == "check_requested"][0]
+        seq_asked = [e["seq"] for e in ev if e["type"] == "check_requested"][1]
         saved = [e["data"] for e in ev if e["type"] == "checkpoint_saved" and e["seq"] < seq_asked]
         loaded = [e["data"] for e in ev if e["type"] == "checkpoint_loaded" and e["seq"] > seq_asked]
         self.assertGreater(loaded[0]["step"], 0, loaded)
@@ -481,7 +483,8 @@ class LiveTest(unittest.TestCase):
         self.assertLess(run.report()["losses_ns"]["recompute"], 50_000_000)
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
         out = run.explain(joined[bad]["name"])
-        self.assertIn("check requested: rehearsal (fault drill: corrupt)", out)
+        self.assertIn("check requested, to start after the next checkpoint: rehearsal (fault drill: corrupt)", out)
+        self.assertIn("checking: rehearsal (fault drill: corrupt)", out)
         self.assertIn("checked (round 1): faulty", out)
 
     def test_a_hang_left_alone_is_reported_with_stacks_and_its_stall_accounted_until_it_moves(self):
