@@ -154,9 +154,6 @@ void LiveMaster::append(const Event& e) {
         } else if constexpr (std::is_same_v<T, CheckRequested>) {
           if (p.waiting) {  // starts after the next checkpoint (start_waiting_check)
             waiting_check_ = p;
-            waiting_check_->waiting = false;
-            waiting_check_->after_step = 0;
-            waiting_check_after_ = p.after_step;
             return;
           }
           waiting_check_.reset();
@@ -592,9 +589,11 @@ void LiveMaster::start_waiting_check() {
   // After the checkpoint it waited for (or at once if the job stopped training meanwhile: it
   // restarts anyway), for the nodes that still hold their slots.
   if (!waiting_check_ || finished()) return;
-  if (master_.state().phase() == Phase::Training && saved_step_ <= waiting_check_after_) return;
+  if (master_.state().phase() == Phase::Training && saved_step_ <= waiting_check_->after_step) return;
   CheckRequested r = std::move(*waiting_check_);
   waiting_check_.reset();
+  r.waiting = false;  // this one starts it
+  r.after_step = 0;
   std::erase_if(r.nodes, [&](NodeId id) { const Node* n = node(id); return !n || n->gone || n->slot < 0; });
   if (!r.nodes.empty()) observe(std::move(r));
 }

@@ -237,7 +237,6 @@ class LiveMaster final : public Backend, public EventSink {
   std::set<int32_t> slots_seen_;          // slots some node has joined (a check's fault drill goes to the first)
   bool checks_requested_ = false;         // an operator asked for a check (so a job without node_check checks)
   std::optional<CheckRequested> waiting_check_;  // asked for (logged as waiting), to start after the next checkpoint
-  int64_t waiting_check_after_ = 0;       // the newest saved step when it was asked for
   int32_t check_round_ = 0;               // the check round in progress (0: none)
   int64_t last_check_id_ = 0;
   Time check_deadline_ = 0;

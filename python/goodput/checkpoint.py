@@ -133,7 +133,7 @@ class FlashCheckpoint:
         t0 = time.perf_counter()
         targets, dest = [], None
         if into is not None:
-            _flatten(into, targets)
+            into_skeleton = _flatten(into, targets)
             dest = {str(i): (t.data_ptr(), t.numel() * t.element_size()) for i, t in enumerate(targets)
                     if t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0}
         raw = self._c.load_raw(step, zero_copy, dest)
@@ -143,7 +143,7 @@ class FlashCheckpoint:
         skeleton = pickle.loads(bytes(memoryview(by_name.pop(_SKELETON)["data"])))
         if into is not None:
             want = _tensor_paths(skeleton, (), {})
-            have = _tensor_paths(_flatten(into, []), (), {})
+            have = _tensor_paths(into_skeleton, (), {})
             if want != have:
                 raise CheckpointError(f"into: its tensors are not the checkpoint's (the checkpoint has "
                                       f"{len(want)} at {sorted(want.values())[:5]}...; into has {len(have)})")
