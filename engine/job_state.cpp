@@ -12,9 +12,6 @@ constexpr std::array<std::string_view, kLossCount> kLossNames = {
     "stall"};
 constexpr std::array<std::string_view, 8> kPhaseNames = {"not_started", "scheduling", "idle",     "restart",
                                                          "rendezvous",  "checkpoint_load", "training", "finished"};
-template <class T> void grow(std::vector<T>& v, NodeId n, T fill) {
-  if (static_cast<size_t>(n) >= v.size()) v.resize(static_cast<size_t>(n) + 1, fill);
-}
 }  // namespace
 
 std::string_view to_string(Loss l) { return kLossNames[static_cast<size_t>(l)]; }
@@ -47,22 +44,21 @@ double JobState::accelerator_ns_productive() const {
 }
 
 int32_t JobState::failures_of(NodeId n) const {
-  return n >= 0 && static_cast<size_t>(n) < node_failures_.size() ? node_failures_[n] : 0;
+  const auto it = node_failures_.find(n);
+  return it == node_failures_.end() ? 0 : it->second;
 }
 
 void JobState::set_held(NodeId n, bool held) {
   if (n < 0) return;
-  grow(held_, n, false);
-  if (held_[n] == held) return;
-  held_[n] = held;
+  if (held ? !held_.insert(n).second : held_.erase(n) == 0) return;
   held_count_ += held ? 1 : -1;
   recompute_slowdown();
 }
 
 void JobState::recompute_slowdown() {
   int32_t m = 1000;
-  for (size_t i = 0; i < slowdown_.size() && i < held_.size(); ++i)
-    if (held_[i]) m = std::max(m, slowdown_[i]);
+  for (const auto& [node, permille] : slowdown_)
+    if (held_.contains(node)) m = std::max(m, permille);
   slowdown_max_ = m;
 }
 
@@ -147,7 +143,6 @@ void JobState::apply(const Event& e) {
           ++failures_;
           ++failures_since_checkpoint_;
           last_failure_kind_ = p.kind;
-          grow(node_failures_, p.node, 0);
           if (p.node >= 0) ++node_failures_[p.node];
           stage_ = Stage::None;
         } else if constexpr (std::is_same_v<T, StallObserved>) {
@@ -180,8 +175,8 @@ void JobState::apply(const Event& e) {
             ++waiting_for_spare_;
           } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
             if (p.node >= 0) {
-              grow(slowdown_, p.node, 1000);
-              slowdown_[p.node] = std::max(p.slowdown_permille, 1000);
+              if (p.slowdown_permille > 1000) slowdown_[p.node] = p.slowdown_permille;
+              else slowdown_.erase(p.node);
               recompute_slowdown();
             }
           } else if constexpr (std::is_same_v<T, ProcessesStarted>) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,7 +56,7 @@ class JobState {
   int32_t world_size() const { return world_size_; }         // nodes in the (next) training world
   int32_t nodes_held() const { return held_count_; }         // machines holding a slot
   int32_t vacant_slots() const { return world_size_ > held_count_ ? world_size_ - held_count_ : 0; }
-  bool holds(NodeId n) const { return n >= 0 && static_cast<size_t>(n) < held_.size() && held_[n]; }
+  bool holds(NodeId n) const { return held_.contains(n); }
   int32_t slowdown_permille() const { return slowdown_max_; }
   // The job must restart its trainers and nobody has asked yet.
   bool needs_restart() const { return started_ && !finished_ && stage_ == Stage::None && !gave_up_; }
@@ -121,9 +123,10 @@ class JobState {
   int32_t world_size_ = 0;
   int32_t held_count_ = 0;
   int32_t waiting_for_spare_ = 0;
-  std::vector<bool> held_;
-  std::vector<int32_t> slowdown_;
-  std::vector<int32_t> node_failures_;
+  // Keyed by node id: ids come from logs and traces, so they may be sparse, huge or negative.
+  std::set<NodeId> held_;
+  std::map<NodeId, int32_t> slowdown_;  // only nodes slower than full speed
+  std::map<NodeId, int32_t> node_failures_;
   int32_t slowdown_max_ = 1000;
   int32_t training_world_ = 0;
   int32_t restart_jobs_ = 0;

@@ -194,6 +194,27 @@ TEST_CASE("a second job_started (a resumed master) keeps every second accounted 
   CHECK(s.productive() + s.losses_total() == s.wall());
 }
 
+TEST_CASE("node ids from a log may be negative or huge: the fold keeps one entry per node it saw") {
+  // Found by fuzz_event: a failure on node -36 sized a per-node table by the id and threw.
+  JobState s;
+  constexpr NodeId kFar = 2'000'000'000;
+  s.apply(Event{1, 0, JobStarted{"j", 2, 8, kSecond, 0, 0, 1, 1, "p"}});
+  s.apply(Event{2, 0, NodeJoined{kFar, 0, "far", ""}});
+  s.apply(Event{3, 0, NodeJoined{1, 1, "near", ""}});
+  s.apply(Event{4, kSecond, SlowdownObserved{kFar, 3000}});
+  CHECK(s.slowdown_permille() == 3000);
+  s.apply(Event{5, 2 * kSecond, FailureObserved{-36, FailureKind::NodeLost, 0, 0, "lost", 2 * kSecond}});
+  s.apply(Event{6, 3 * kSecond, FailureObserved{kFar, FailureKind::NodeLost, 0, 0, "lost", 3 * kSecond}});
+  CHECK(s.failures_of(-36) == 0);
+  CHECK(s.failures_of(kFar) == 1);
+  CHECK(s.holds(kFar));
+  CHECK(s.nodes_held() == 2);
+  s.apply(Event{7, 3 * kSecond, RecoveryDecided{kFar, Diagnosis::HardwareError, RecoveryAction::RelaunchNode, 1, 0, 1000, "hw"}});
+  CHECK_FALSE(s.holds(kFar));
+  CHECK(s.slowdown_permille() == 1000);  // the slow node is gone
+  CHECK(s.productive() + s.losses_total() == s.wall());
+}
+
 // The engine and the policies must not reach the OS: no wall clock, no ambient randomness, no
 // environment, no threads or sleeps, no processes or sockets. Only the event store may open files.
 TEST_CASE("engine and policies do not touch the OS directly") {
