@@ -12,30 +12,23 @@ void TimelineBuilder::add(const Event& e, const JobState& s) {
     any_ = true;
     phase_since_ = e.time;
   }
-  auto node_log = [&](NodeId n) -> NodeLog& {
-    if (static_cast<size_t>(n) >= nodes_.size()) {
-      nodes_.resize(static_cast<size_t>(n) + 1);
-      pending_failure_.resize(static_cast<size_t>(n) + 1);
-    }
-    return nodes_[static_cast<size_t>(n)];
-  };
   std::visit(
       [&](const auto& p) {
         using T = std::decay_t<decltype(p)>;
         if constexpr (std::is_same_v<T, NodeJoined>) {
-          NodeLog& n = node_log(p.node);
+          NodeLog& n = nodes_[p.node];
           n.name = p.name;
           if (s.restart_jobs() == 0) n.initial = true;  // part of the first world
           if (n.held_since < 0) n.held_since = e.time;
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
-          NodeLog& n = node_log(p.node);
+          NodeLog& n = nodes_[p.node];
           ++n.failures;
-          pending_failure_[static_cast<size_t>(p.node)] =
+          n.pending_failure =
               std::string(to_string(p.kind)) + (p.reason.empty() ? "" : ": " + p.reason);
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
-          NodeLog& n = node_log(p.node);
+          NodeLog& n = nodes_[p.node];
           const std::string label = std::string(to_string(p.diagnosis)) + " (" +
-                                    pending_failure_[static_cast<size_t>(p.node)] + ") on " +
+                                    n.pending_failure + ") on " +
                                     (n.name.empty() ? "node " + std::to_string(p.node) : n.name) + " -> " +
                                     std::string(to_string(p.action));
           markers_.push_back({e.time, "failure", label, 1});
@@ -127,10 +120,10 @@ Timeline TimelineBuilder::finish(const JobState& s) {
     }
   }
   // Lanes: nodes something happened to (a failure, or a join after the start), most failures first.
-  std::vector<size_t> order;
-  for (size_t i = 0; i < nodes_.size(); ++i)
-    if (nodes_[i].failures > 0 || (!nodes_[i].initial && !nodes_[i].name.empty())) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return nodes_[a].failures > nodes_[b].failures; });
+  std::vector<NodeId> order;
+  for (const auto& [id, n] : nodes_)
+    if (n.failures > 0 || (!n.initial && !n.name.empty())) order.push_back(id);
+  std::stable_sort(order.begin(), order.end(), [&](NodeId a, NodeId b) { return nodes_[a].failures > nodes_[b].failures; });
   for (size_t k = 0; k < order.size(); ++k) {
     if (static_cast<int>(k) >= max_lanes_) {
       t.lanes_omitted = static_cast<int32_t>(order.size() - k);
@@ -138,7 +131,7 @@ Timeline TimelineBuilder::finish(const JobState& s) {
     }
     NodeLog& n = nodes_[order[k]];
     Timeline::Lane lane;
-    lane.node = static_cast<int32_t>(order[k]);
+    lane.node = order[k];
     lane.name = n.name.empty() ? "node " + std::to_string(order[k]) : n.name;
     lane.failures = n.failures;
     lane.spans = n.spans;

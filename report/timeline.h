@@ -3,6 +3,7 @@
 // and a bounded number of node lanes (the nodes that something happened to).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -62,14 +63,14 @@ class TimelineBuilder {
     std::vector<Timeline::NodeSpan> spans;
     std::vector<Timeline::Marker> markers;
     Time held_since = -1;
+    std::string pending_failure;  // the failure text awaiting its decision
   };
   int buckets_;
   int max_lanes_;
   std::vector<Timeline::Span> phases_;
   std::vector<Timeline::Point> points_;
   std::vector<Timeline::Marker> markers_;
-  std::vector<NodeLog> nodes_;
-  std::vector<std::string> pending_failure_;  // per node: the failure text awaiting its decision
+  std::map<NodeId, NodeLog> nodes_;  // keyed by id: ids in a log may be sparse, huge or negative
   Phase last_phase_ = Phase::NotStarted;
   Time phase_since_ = 0;
   bool any_ = false;
