@@ -3,8 +3,10 @@
 
     PYTHONPATH=build/python /usr/bin/python3 bench/ckpt_bench.py [--sizes 256M,1G,4G] [--dir DIR]
 
-- memcpy: copying the state into memory that is already mapped (the limit for a save), and into
-  fresh memory (the limit for a restore, which must fault its destination in, as torch.load must).
+- memcpy: copying the state into memory that is already mapped, on one thread and on as many
+  threads as a checkpoint copies with (the limit for a save and for a restore into a live model's
+  tensors), and into fresh memory (the limit for a restore into new tensors, which must fault its
+  destination in, as torch.load must).
 - save: the blocking part of FlashCheckpoint.save (into shared memory), after the first save.
 - restore: FlashCheckpoint.load from shared memory, in a process that has not mapped it; and
   load(into=...) into tensors that exist already (a restarted trainer's model), against memcpy.
@@ -64,11 +66,27 @@ print(t)
     return float(out.stdout.strip())
 
 
+def copy_all(dst, src):
+    for k, v in src.items():
+        dst[k].copy_(v)
+
+
 def fresh_memcpy(src):
     def run():
-        dst = torch.empty_like(src)
-        dst.copy_(src)
+        copy_all({k: torch.empty_like(v) for k, v in src.items()}, src)
     return run
+
+
+def checkpoint_threads(nbytes):
+    # As FlashCheckpoint copies: all cores (at most 8) from 32 MiB on.
+    return min(os.cpu_count() or 1, 8) if nbytes >= (32 << 20) else 1
+
+
+def enough_memory(nbytes):
+    # At the peak: the state, both shared-memory copies and a live model's tensors.
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    return avail > 4.5 * nbytes
 
 
 def main():
@@ -78,19 +96,25 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = args.dir or tempfile.mkdtemp(prefix="goodput-bench-")
-    print(f"flash checkpoint benchmark, storage under {root}, one thread\n")
-    print(f"{'size':>6} {'memcpy':>9} {'fresh':>9} | {'save':>9} {'%memcpy':>8} {'restore':>9} {'%fresh':>7} "
-          f"{'%memcpy':>8} {'into':>9} {'%memcpy':>8} | {'persist':>9} {'seq-write':>9} {'%':>5} | {'torch.save':>10} {'torch.load':>10} | {'save x':>7} {'load x':>7}")
+    print(f"flash checkpoint benchmark, storage under {root}; torch on one thread\n")
+    print(f"{'size':>6} {'memcpy':>9} {'memcpyxN':>9} {'fresh':>9} | {'save':>9} {'%memcpyN':>8} {'restore':>9} {'%fresh':>7} "
+          f"{'into':>9} {'%memcpy':>8} {'%memcpyN':>8} | {'persist':>9} {'seq-write':>9} {'%':>5} | {'torch.save':>10} {'torch.load':>10} | {'save x':>7} {'load x':>7}")
     for size_text in args.sizes.split(","):
         size = parse_size(size_text)
+        if not enough_memory(size):
+            print(f"{size_text:>6} skipped: MemAvailable is under 4.5 times the state")
+            continue
         state = make_state(size)
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        flat = torch.cat(list(state.values()))
-        dst = torch.empty_like(flat)
-        dst.copy_(flat)
-        memcpy = best(lambda: dst.copy_(flat))
-        fresh = best(fresh_memcpy(flat))
+        dst = {k: torch.empty_like(v) for k, v in state.items()}
+        copy_all(dst, state)
+        memcpy = best(lambda: copy_all(dst, state))
+        threads = checkpoint_threads(nbytes)
+        torch.set_num_threads(threads)
+        memcpy_n = best(lambda: copy_all(dst, state))
+        torch.set_num_threads(1)
         del dst
+        fresh = best(fresh_memcpy(state))
 
         job = f"bench{os.getpid()}"
         prefix = f"/goodput-bench-{os.getpid()}"
@@ -111,6 +135,7 @@ def main():
             ck.load(into=target)
             t_into = best(lambda: ck.load(into=target))
             assert ck.last_load["placed"] == len(state)
+            del target
             persist_times = []
             for _ in range(2):
                 save()
@@ -119,7 +144,6 @@ def main():
         finally:
             ck.remove_memory()
 
-        raw = flat.numpy().tobytes() if size <= (1 << 30) else None
         seq_paths = []
 
         def seq_write():
@@ -127,17 +151,14 @@ def main():
             # the older ones stay (rewriting one file would reuse the pages its truncation frees).
             seq_paths.append(os.path.join(root, f"seq-{size_text}-{len(seq_paths)}"))
             with open(seq_paths[-1], "wb") as f:
-                if raw is not None:
-                    f.write(raw)
-                else:
-                    f.write(memoryview(flat.numpy()))
+                for v in state.values():
+                    f.write(memoryview(v.numpy()).cast("B"))
                 f.flush()
                 os.fsync(f.fileno())
 
         t_seq = best(seq_write, repeat=2)
         for p in seq_paths:
             os.unlink(p)
-        del raw
 
         tpath = os.path.join(root, f"torch-{size_text}.pt")
 
@@ -151,17 +172,18 @@ def main():
         t_tload = best(lambda: torch.load(tpath), repeat=2)
         os.unlink(tpath)
 
-        print(f"{size_text:>6} {gbps(nbytes, memcpy):>7.2f}GB {gbps(nbytes, fresh):>7.2f}GB | "
-              f"{gbps(nbytes, t_save):>7.2f}GB {t_save and memcpy / t_save * 100:>7.0f}% "
-              f"{gbps(nbytes, t_restore):>7.2f}GB {fresh / t_restore * 100:>6.0f}% {memcpy / t_restore * 100:>7.0f}% "
-              f"{gbps(nbytes, t_into):>7.2f}GB {memcpy / t_into * 100:>7.0f}% | "
+        print(f"{size_text:>6} {gbps(nbytes, memcpy):>7.2f}GB {gbps(nbytes, memcpy_n):>7.2f}GB {gbps(nbytes, fresh):>7.2f}GB | "
+              f"{gbps(nbytes, t_save):>7.2f}GB {memcpy_n / t_save * 100:>7.0f}% "
+              f"{gbps(nbytes, t_restore):>7.2f}GB {fresh / t_restore * 100:>6.0f}% "
+              f"{gbps(nbytes, t_into):>7.2f}GB {memcpy / t_into * 100:>7.0f}% {memcpy_n / t_into * 100:>7.0f}% | "
               f"{gbps(nbytes, t_persist):>7.2f}GB {gbps(nbytes, t_seq):>7.2f}GB {t_seq / t_persist * 100:>4.0f}% | "
               f"{gbps(nbytes, t_tsave):>8.2f}GB {gbps(nbytes, t_tload):>8.2f}GB | "
               f"{t_tsave / t_save:>6.1f}x {t_tload / t_restore:>6.1f}x")
-    print("\nGB = GB/s. %memcpy: save against copying into mapped memory; %fresh: restore against copying into "
-          "fresh memory (4 KiB pages, as torch.empty gets) and into mapped memory; into: restore into a live model's tensors "
-          "(load(into=...)) against copying into mapped memory; %: persist against a plain sequential write + fsync; x: torch.save / save and "
-          "torch.load / restore.")
+    print("\nGB = GB/s. memcpyxN: copying into mapped memory on as many threads as a checkpoint uses "
+          f"({checkpoint_threads(1 << 30)} here from 32 MiB); %memcpyN: against it; %memcpy: against one thread. "
+          "restore: into new memory in a fresh process, %fresh: against copying into fresh memory (4 KiB pages, "
+          "as torch.empty gets); into: restore into a live model's tensors (load(into=...)); %: persist against a "
+          "plain sequential write + fsync; x: torch.save / save and torch.load / restore.")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+// libxxhash's runtime dispatch: XXH3 on AVX2/AVX-512 where the CPU has them, about twice the
+// scalar speed; the hash values are the same on every path.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
