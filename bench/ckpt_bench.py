@@ -18,6 +18,7 @@
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,11 +92,19 @@ def enough_memory(nbytes):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="256M,1G")
+    ap.add_argument("--sizes", default="256M,1G,4G", help="state sizes (a size that does not fit in memory is skipped)")
     ap.add_argument("--dir", default=None, help="storage directory (default: a temporary one under /tmp)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = args.dir or tempfile.mkdtemp(prefix="goodput-bench-")
+    try:
+        run(args, root)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run(args, root):
     print(f"flash checkpoint benchmark, storage under {root}; torch on one thread\n")
     print(f"{'size':>6} {'memcpy':>9} {'memcpyxN':>9} {'fresh':>9} | {'save':>9} {'%memcpyN':>8} {'restore':>9} {'%fresh':>7} "
           f"{'into':>9} {'%memcpy':>8} {'%memcpyN':>8} | {'persist':>9} {'seq-write':>9} {'%':>5} | {'torch.save':>10} {'torch.load':>10} | {'save x':>7} {'load x':>7}")
