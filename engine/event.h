@@ -65,6 +65,9 @@ struct FailureObserved {
 // No machine is free to take a relaunched node's slot: the slot waits.
 struct NoSpareNode {
   int32_t slot = 0;
+  // The slot is one the world cannot train without (a chief's or a parameter server's): giving
+  // up a slot cannot stand in for it, only its replacement can.
+  bool fixed = false;
 };
 
 // A repaired machine is back in the pool of spares.

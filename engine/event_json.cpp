@@ -20,7 +20,7 @@ template <class F> void fields(FailureObserved& v, F&& f) {
   f("node", v.node); f("kind", v.kind); f("exit_code", v.exit_code); f("signal", v.signal); f("reason", v.reason);
   f("stalled_since_ns", v.stalled_since);
 }
-template <class F> void fields(NoSpareNode& v, F&& f) { f("slot", v.slot); }
+template <class F> void fields(NoSpareNode& v, F&& f) { f("slot", v.slot); f.optional("fixed", v.fixed); }
 template <class F> void fields(NodeReturned& v, F&& f) { f("node", v.node); }
 template <class F> void fields(SlowdownObserved& v, F&& f) { f("node", v.node); f("slowdown_permille", v.slowdown_permille); }
 template <class F> void fields(ProcessesStarted& v, F&& f) { f("world_size", v.world_size); f("restart", v.restart); }

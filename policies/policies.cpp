@@ -248,7 +248,8 @@ class ElasticScaling final : public ScalingPolicy {
   std::optional<ScaleDecided> decide(const JobState& s, const EventPayload& e) const override {
     const int32_t world = s.world_size();
     const int32_t held = s.nodes_held();
-    if (std::holds_alternative<NoSpareNode>(e) && held < world && held >= min_nodes_)
+    const auto* none = std::get_if<NoSpareNode>(&e);
+    if (none && !none->fixed && held < world && held >= min_nodes_)
       return ScaleDecided{world, held, "no spare node: continue with " + std::to_string(held)};
     if (std::holds_alternative<NodeJoined>(e) && held > world && world < s.job().nodes)
       return ScaleDecided{world, std::min(held, s.job().nodes), "node joined: grow back"};

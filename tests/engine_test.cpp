@@ -19,7 +19,7 @@ std::vector<EventPayload> one_of_each() {
   return {JobStarted{"j", 4, 8, kSecond, 100, 2'000'000'000, 10'000'000'000, 1'000'000'000, "p"},
           NodeJoined{3, 2, "n3", ""},
           FailureObserved{1, FailureKind::ProcessExit, 137, 9, "OOMKilled \"quoted\" \n newline", 12345},
-          NoSpareNode{2},
+          NoSpareNode{2, true},
           NodeReturned{5},
           SlowdownObserved{1, 2500},
           ProcessesStarted{4, 1},

@@ -104,6 +104,8 @@ TEST_CASE("elastic scaling shrinks when no spare is free and grows when a node j
   JobState s = running_state(4);
   s.apply(Event{s.last_seq() + 1, 1, RecoveryDecided{2, Diagnosis::HardwareError, RecoveryAction::RelaunchNode, 1, 0, 1000, ""}});
   const EventPayload none = NoSpareNode{2};
+  // A parameter server's or chief's slot: giving up a slot cannot stand in for it.
+  CHECK_FALSE(p.scaling->decide(s, EventPayload{NoSpareNode{2, true}}));
   auto d = p.scaling->decide(s, none);
   REQUIRE(d);
   CHECK(d->to == 3);

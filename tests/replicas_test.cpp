@@ -223,19 +223,22 @@ TEST_CASE("scaling gives up and takes back workers only; a lost parameter server
   CHECK(a["world_size"] == 3);
   CHECK(a["env"]["GOODPUT_REPLICA_TYPE"] == "worker");
 
-  // Now the parameter server is lost and its replacement never comes. Scaling gives up a worker
-  // (the highest slot), but that worker does not take the parameter server's slot: the world
-  // waits, and runs again when the parameter server's replacement joins.
+  // Now the parameter server is lost and its replacement never comes. Giving up a worker cannot
+  // stand in for it (the no_spare_node says the slot is fixed), so the elastic policy keeps the
+  // world: it waits, and runs again when the parameter server's replacement joins.
   h.provider.losses.push_back({"p", "node p is gone", false});
   h.tick();
   h.provider.losses.push_back({"ray-10", "never scheduled", false});
   h.tick();
   CHECK(h.events("no_spare_node").back()["slot"] == 0);
-  CHECK(h.scales().back() == std::pair<int, int>{3, 2});
-  CHECK(h.running(1)["action"] == "stop");
+  CHECK(h.events("no_spare_node").back()["fixed"] == true);
+  CHECK(h.events("no_spare_node").front().contains("fixed") == false);  // a worker's slot: left out
+  CHECK(h.scales() == std::vector<std::pair<int, int>>{{3, 2}, {2, 3}});
+  CHECK(h.running(1)["action"] != "run");
+  CHECK(h.master->state().phase() == Phase::Idle);  // waiting for a machine, none to be had
   const int32_t p2 = h.launched_for("p2", 0);
   CHECK(h.events("node_joined").back()["slot"] == 0);
-  CHECK(h.scales().back() == std::pair<int, int>{2, 3});  // the worker given up is taken back
+  CHECK(h.scales() == std::vector<std::pair<int, int>>{{3, 2}, {2, 3}});  // no scale in between
   a = h.running(p2);
   REQUIRE(a["action"] == "run");
   CHECK(a["world_size"] == 3);

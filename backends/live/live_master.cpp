@@ -644,7 +644,7 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
   if (!vacant) return;  // nobody is waiting for this node
   for (int32_t s = 0; s < world_; ++s)
     if (slots_[s] < 0 && waiting_slots_.insert(s).second) {
-      observe(NoSpareNode{s});
+      observe(NoSpareNode{s, replica_group(spec_.replicas, s).type != "worker"});
       break;
     }
   provider_->launch(*vacant, slot_memory_[*vacant]);
