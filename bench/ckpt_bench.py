@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -78,6 +79,32 @@ def fresh_memcpy(src):
     return run
 
 
+def shm_read(prefix, threads):
+    """A bare read of the newest shared-memory object into memory already mapped, in 1 MiB chunks
+    on `threads` threads, as a restore into tensors reads it: the kernel's limit for that restore."""
+    objects = [os.path.join("/dev/shm", f) for f in os.listdir("/dev/shm") if f.startswith(prefix.lstrip("/"))]
+    path = max(objects, key=os.path.getmtime)
+    size = os.path.getsize(path)
+    buf = torch.empty(size, dtype=torch.uint8)
+    view = memoryview(buf.numpy())
+    chunk = 1 << 20
+    fd = os.open(path, os.O_RDONLY)
+
+    def part(k):
+        for off in range(k * chunk, size, threads * chunk):
+            os.preadv(fd, [view[off:off + chunk]], off)
+
+    def run():
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(part, range(threads)))
+
+    try:
+        run()  # maps the destination
+        return best(run), size
+    finally:
+        os.close(fd)
+
+
 def checkpoint_threads(nbytes):
     # As FlashCheckpoint copies: all cores (at most 8) from 32 MiB on.
     return min(os.cpu_count() or 1, 8) if nbytes >= (32 << 20) else 1
@@ -107,7 +134,7 @@ def main():
 def run(args, root):
     print(f"flash checkpoint benchmark, storage under {root}; torch on one thread\n")
     print(f"{'size':>6} {'memcpy':>9} {'memcpyxN':>9} {'fresh':>9} | {'save':>9} {'%memcpyN':>8} {'restore':>9} {'%fresh':>7} "
-          f"{'into':>9} {'%memcpy':>8} {'%memcpyN':>8} | {'persist':>9} {'seq-write':>9} {'%':>5} | {'torch.save':>10} {'torch.load':>10} | {'save x':>7} {'load x':>7}")
+          f"{'into':>9} {'%memcpy':>8} {'%memcpyN':>8} {'shm-read':>9} {'%':>5} | {'persist':>9} {'seq-write':>9} {'%':>5} | {'torch.save':>10} {'torch.load':>10} | {'save x':>7} {'load x':>7}")
     for size_text in args.sizes.split(","):
         size = parse_size(size_text)
         if not enough_memory(size):
@@ -143,6 +170,7 @@ def run(args, root):
             target = {k: torch.empty_like(v) for k, v in state.items()}  # a live model's tensors
             ck.load(into=target)
             t_into = best(lambda: ck.load(into=target))
+            t_read, read_bytes = shm_read(prefix, threads)
             assert ck.last_load["placed"] == len(state)
             del target
             persist_times = []
@@ -184,13 +212,16 @@ def run(args, root):
         print(f"{size_text:>6} {gbps(nbytes, memcpy):>7.2f}GB {gbps(nbytes, memcpy_n):>7.2f}GB {gbps(nbytes, fresh):>7.2f}GB | "
               f"{gbps(nbytes, t_save):>7.2f}GB {memcpy_n / t_save * 100:>7.0f}% "
               f"{gbps(nbytes, t_restore):>7.2f}GB {fresh / t_restore * 100:>6.0f}% "
-              f"{gbps(nbytes, t_into):>7.2f}GB {memcpy / t_into * 100:>7.0f}% {memcpy_n / t_into * 100:>7.0f}% | "
+              f"{gbps(nbytes, t_into):>7.2f}GB {memcpy / t_into * 100:>7.0f}% {memcpy_n / t_into * 100:>7.0f}% "
+              f"{gbps(read_bytes, t_read):>7.2f}GB {nbytes / t_into / (read_bytes / t_read) * 100:>4.0f}% | "
               f"{gbps(nbytes, t_persist):>7.2f}GB {gbps(nbytes, t_seq):>7.2f}GB {t_seq / t_persist * 100:>4.0f}% | "
               f"{gbps(nbytes, t_tsave):>8.2f}GB {gbps(nbytes, t_tload):>8.2f}GB | "
               f"{t_tsave / t_save:>6.1f}x {t_tload / t_restore:>6.1f}x")
     print("\nGB = GB/s. memcpyxN: copying into mapped memory on as many threads as a checkpoint uses "
           f"({checkpoint_threads(1 << 30)} here from 32 MiB); %memcpyN: against it; %memcpy: against one thread. "
-          "restore: into new memory in a fresh process, %fresh: against copying into fresh memory (4 KiB pages, "
+          "shm-read: a bare pread of the shared-memory object on as many threads (the kernel's limit for into), "
+          "%: into against it. restore: into new memory in a fresh process, %fresh: against copying into fresh "
+          "memory (4 KiB pages, "
           "as torch.empty gets); into: restore into a live model's tensors (load(into=...)); %: persist against a "
           "plain sequential write + fsync; x: torch.save / save and torch.load / restore.")
 

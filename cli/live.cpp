@@ -351,7 +351,7 @@ static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_di
 void add_live_commands(CLI::App& app, int& rc) {
   static ServeOptions run_o, master_o;
   auto* run = app.add_subcommand("run", "Run a job through failures: the master here, nodes from the job's backend "
-                                        "(local processes, or Ray jobs on a Ray cluster)");
+                                        "(local processes, pods on a Kubernetes cluster, or Ray jobs on a Ray cluster)");
   add_serve_options(run, run_o, "Where the event log, checkpoints and node logs go (default runs/JOB)");
   run->add_option("--faults", run_o.faults_path, "Faults to inject: [{\"fault\":\"kill-process\",\"slot\":0,\"at_step\":40}]")
       ->check(CLI::ExistingFile);
