@@ -354,12 +354,12 @@ TEST_CASE("hang_action and stall_after in a job spec are checked and default sen
     spec.update(extra);
     return live::job_spec_from_json(spec, "job.json", ".");
   };
-  CHECK(load(json::object()).hang_action == "recover");
+  CHECK(load(json::object()).hang_action == live::JobSpec::HangAction::Recover);
   CHECK(load(json::object()).hang_timeout == 5 * kMinute);
   CHECK(load(json::object()).stall_after_or_default() == 2 * kMinute);  // 20 steps of 6 s
   CHECK(load({{"step_time", "10ms"}}).stall_after_or_default() == 10 * kSecond);
   CHECK(load({{"stall_after", "3s"}}).stall_after_or_default() == 3 * kSecond);
-  CHECK(load({{"hang_action", "report"}}).hang_action == "report");
+  CHECK(load({{"hang_action", "report"}}).hang_action == live::JobSpec::HangAction::Report);
   CHECK_THROWS_WITH(load({{"hang_action", "ignore"}}), doctest::Contains("hang_action"));
   CHECK_THROWS_WITH(load({{"stall_after", "soon"}}), doctest::Contains("stall_after"));
 }

@@ -307,10 +307,11 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.heartbeat_timeout = r.duration("heartbeat_timeout", s.heartbeat_timeout);
   s.hang_timeout = r.duration("hang_timeout", s.hang_timeout);
   s.failure_settle = r.duration("failure_settle", s.failure_settle);
-  s.hang_action = r.text("hang_action", s.hang_action);
+  const std::string hang_action = r.text("hang_action", "recover");
+  if (hang_action == "report") s.hang_action = JobSpec::HangAction::Report;
+  else if (hang_action != "recover") r.fail("hang_action", "must be \"recover\" or \"report\"");
   s.stall_after = r.duration("stall_after", s.stall_after);
   if (s.stall_after < 0) r.fail("stall_after", "must not be negative");
-  if (s.hang_action != "recover" && s.hang_action != "report") r.fail("hang_action", "must be \"recover\" or \"report\"");
   s.straggler_factor = r.number("straggler_factor", s.straggler_factor, 0, 1000);
   if (s.straggler_factor > 0 && s.straggler_factor < 1.05) r.fail("straggler_factor", "must be 0 (off) or above 1.05");
   if (const nlohmann::json* c = r.child("node_check"))

@@ -114,7 +114,7 @@ struct JobSpec {
   Duration failure_settle = 300 * kMillisecond;  // collect the exits one failure causes, then diagnose
   // What a hang leads to: "recover" (a failure for the recovery policy: restart or relaunch) or
   // "report" (stacks dumped and the stall logged, the job left as it is until it moves again).
-  std::string hang_action = "recover";
+  enum class HangAction { Recover, Report } hang_action = HangAction::Recover;
   // A job-wide silence this long that ends by itself (before hang_timeout) is logged as a stall
   // (stall_observed), so pauses can be measured and replayed. 0: 20 step times, at least 10 s.
   Duration stall_after = 0;

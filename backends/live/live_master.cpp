@@ -719,7 +719,7 @@ void LiveMaster::advance() {
           culprit = n;
       }
       if (culprit) kind = FailureKind::Hang;
-      if (spec_.hang_action == "report") {
+      if (spec_.hang_action == JobSpec::HangAction::Report) {
         // Left alone: say so once, with every trainer's stacks, and say when it moves again.
         if (culprit && !stall_) {
           const Trainer& t = culprit->trainer;
