@@ -75,9 +75,15 @@ class Persister {
     wanted_ = true;
     cv_.notify_all();
   }
+  // Allocate the shared memory of the configured rank's checkpoints ahead of its first save.
+  void reserve(uint64_t data_bytes) {
+    std::lock_guard lock(mu_);
+    reserve_ = data_bytes;
+    cv_.notify_all();
+  }
   void drain() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !wanted_ && !busy_; });
+    cv_.wait(lock, [&] { return !wanted_ && !busy_ && reserve_ == 0; });
   }
   std::vector<int64_t> storage_steps() {
     std::lock_guard lock(mu_);
@@ -97,8 +103,27 @@ class Persister {
   void loop() {
     std::unique_lock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stop_ || wanted_; });
+      cv_.wait(lock, [&] { return stop_ || wanted_ || reserve_ > 0; });
       if (stop_) return;
+      if (reserve_ > 0 && options_) {
+        const uint64_t bytes = std::exchange(reserve_, 0);
+        ckpt::FlashCheckpoint c(*options_);
+        busy_ = true;
+        lock.unlock();
+        try {
+          const uint64_t got = c.reserve(bytes);
+          std::cerr << "agent: " << (got ? "reserved " + std::to_string(got >> 20) + " MiB of shared memory for "
+                                          : std::string("cannot allocate shared memory ahead for "))
+                    << c.shm_name(0) << " and " << c.shm_name(1) << std::endl;
+        } catch (const std::exception& e) {
+          std::cerr << "agent: reserving shared memory failed (the first save allocates it): " << e.what() << std::endl;
+        }
+        lock.lock();
+        busy_ = false;
+        cv_.notify_all();
+        continue;
+      }
+      reserve_ = 0;
       wanted_ = false;
       if (!options_ || options_->storage_dir.empty()) {
         cv_.notify_all();
@@ -133,6 +158,7 @@ class Persister {
   std::mutex mu_;
   std::condition_variable cv_;
   std::optional<ckpt::Options> options_;
+  uint64_t reserve_ = 0;  // bytes to reserve for the configured rank, 0: nothing asked
   std::shared_ptr<ckpt::FlashCheckpoint> ckpt_;
   std::string error_;
   std::vector<int64_t> steps_;
@@ -455,6 +481,8 @@ class Agent {
     co.storage_dir = storage;
     co.shm_prefix = shm_prefix;
     persister_.configure(co);
+    // The job's checkpoint size: allocate its shared memory now, while the trainer starts up.
+    if (const int64_t bytes = a.value("checkpoint_bytes", int64_t{0}); bytes > 0) persister_.reserve(static_cast<uint64_t>(bytes));
 
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.emplace_back(*e);

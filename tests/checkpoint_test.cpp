@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -152,6 +153,54 @@ TEST_CASE("a checkpoint round-trips through memory and through storage bit for b
   check_holds(*disk, 7);
   CHECK((std::filesystem::status(c.step_dir(7)).permissions() & std::filesystem::perms::others_all) ==
         std::filesystem::perms::none);
+}
+
+TEST_CASE("the agent reserves shared memory ahead: a first save then only copies, and a reserve never harms") {
+  TempDir dir("ckpt-reserve");
+  FlashCheckpoint c(opts("reserve", dir));
+  Cleanup clean{{&c}};
+  auto object = [&](int which) {
+    struct stat st {};
+    const int fd = ::shm_open(c.shm_name(which).c_str(), O_RDONLY, 0);
+    REQUIRE(fd >= 0);
+    ::fstat(fd, &st);
+    ::close(fd);
+    return std::pair<uint64_t, uint64_t>{static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_blocks) * 512};
+  };
+  const State s(3);
+  const uint64_t data = s.weights.size() + s.optimizer.size() + 64;
+  const uint64_t got = c.reserve(data);
+  if (got == 0) return;  // a file system without fallocate: nothing to check
+  for (int which : {0, 1}) {
+    const auto [size, allocated] = object(which);
+    CHECK(size >= data);
+    CHECK(allocated >= size);  // the pages exist now, not at the first save
+  }
+  const auto objects = list_shm(prefix("reserve"));
+  REQUIRE(objects.size() == 2);
+  CHECK(objects[0].error == "empty (reserved for the next save)");
+  CHECK_FALSE(c.load().has_value());  // reserved objects are not checkpoints, and not errors either
+  CHECK(c.persist().written == false);
+
+  const auto before = object(0);
+  CHECK(c.save(3, s.views()).object == c.shm_name(0));
+  CHECK(object(0) == before);  // the save used the reserved object as it was: no growth, no new pages
+  auto l = c.load();
+  REQUIRE(l);
+  check_holds(*l, 3);
+
+  // On a restart the agent reserves again, maybe for more: the committed checkpoint is untouched,
+  // a larger reserve grows the objects, a smaller one never shrinks them.
+  c.reserve(4 * data);
+  CHECK(object(0).first >= 4 * data);
+  c.reserve(16);
+  CHECK(object(0).first >= 4 * data);
+  l = c.load();
+  REQUIRE(l);
+  CHECK(l->tier == Tier::Memory);
+  check_holds(*l, 3);
+  CHECK(c.save(4, State(4).views()).object == c.shm_name(1));
+  check_holds(*c.load(), 4);
 }
 
 TEST_CASE("a large checkpoint is written around the page cache, to its exact size, and loads bit for bit") {

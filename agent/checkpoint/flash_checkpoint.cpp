@@ -738,6 +738,25 @@ std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool ze
   return std::nullopt;
 }
 
+uint64_t FlashCheckpoint::reserve(uint64_t data_bytes) {
+  constexpr uint64_t kManifestRoom = 1 << 20;  // a save needs room for its manifest after the data
+  const uint64_t size = kHeaderBytes + align64(data_bytes) + kManifestRoom;
+  uint64_t allocated = 0;
+  for (int which = 0; which < 2; ++which) {
+    const std::string name = shm_name(which);
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) throw CheckpointError(sys_error("shm_open " + name));
+    // Not ftruncate: a trainer may be growing the object at the same moment, and only a call
+    // that never shrinks it is safe against that.
+    const int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(size)) == 0 ? 0 : errno;
+    ::close(fd);
+    if (rc == EOPNOTSUPP) return 0;
+    if (rc != 0) throw CheckpointError("reserve " + name + ": " + std::strerror(rc));
+    allocated += size;
+  }
+  return allocated;
+}
+
 PersistStats FlashCheckpoint::persist() {
   PersistStats out;
   if (options_.storage_dir.empty()) throw CheckpointError("no storage directory configured");
@@ -817,7 +836,10 @@ std::vector<ObjectInfo> list_shm(const std::string& prefix) {
     ::fstat(fd, &st);
     info.bytes = static_cast<uint64_t>(st.st_size);
     Header h{};
-    if (!read_header(fd, h) || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
+    constexpr char kNothing[sizeof kMagic] = {};
+    if (read_header(fd, h) && std::memcmp(h.magic, kNothing, sizeof kMagic) == 0) {
+      info.error = "empty (reserved for the next save)";
+    } else if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
       info.error = "not a Goodput checkpoint";
     } else if (h.state != 1) {
       info.error = "not committed (empty, or a save was interrupted)";

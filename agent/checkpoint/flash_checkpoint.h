@@ -150,6 +150,12 @@ class FlashCheckpoint {
   std::optional<Loaded> load(std::optional<int64_t> step = std::nullopt, bool zero_copy = false,
                              const Destinations* into = nullptr);
 
+  // Agent: make this rank's two shared-memory objects hold at least a checkpoint of `data_bytes`
+  // and allocate their pages now (fallocate: never shrinks an object, never changes what it
+  // holds), so that a trainer's first save only copies instead of faulting pages in. Returns the
+  // bytes allocated; 0 where the file system cannot allocate ahead (nothing is done then).
+  uint64_t reserve(uint64_t data_bytes);
+
   // Agent: write the newest committed memory checkpoint to storage if storage lacks its step,
   // then keep the newest `keep` complete steps. Safe while the trainer saves; never blocks it.
   PersistStats persist();

@@ -418,6 +418,7 @@ json LiveMaster::assignment(const Node& n) const {
     env["GOODPUT_REPLICAS"] = replica_counts(spec_.replicas, restart_.world_size).dump();
     out["env"] = env;
     out["storage_dir"] = spec_.storage_dir;
+    out["checkpoint_bytes"] = spec_.checkpoint_bytes_per_node;
     out["memory_limit_mb"] = spec_.memory_limit_mb;
   }
   if (!n.inject.empty()) out["inject"] = n.inject;

@@ -166,8 +166,13 @@ class LiveTest(unittest.TestCase):
 
     def test_kill_process_restores_from_memory_and_the_loss_curve_continues(self):
         kill_at = random.Random(os.getpid()).randint(45, 95)
-        run = LiveRun(self, spec(), [{"fault": "kill-process", "slot": 1, "at_step": kill_at}])
+        # With the job's checkpoint size given, each agent allocates its rank's shared memory while
+        # the trainer starts, and the trainer saves into (and restores from) those objects.
+        run = LiveRun(self, spec(checkpoint_bytes_per_node=4 << 20), [{"fault": "kill-process", "slot": 1, "at_step": kill_at}])
         self.assertEqual(run.run(), 0, self.diag(run))
+        for name in os.listdir(os.path.join(run.run_dir, "nodes")):
+            with open(os.path.join(run.run_dir, "nodes", name, "agent.log")) as f:
+                self.assertIn("agent: reserved 10 MiB of shared memory for /goodput-livetest-", f.read(), name)
         ev = run.events()
         failures = of_type(ev, "failure_observed")
         self.assertEqual(len(failures), 1, failures)
