@@ -114,7 +114,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("storage_steps", &FlashCheckpoint::storage_steps)
       .def("memory_steps", &FlashCheckpoint::memory_steps)
       .def("complete_storage_steps", &FlashCheckpoint::complete_storage_steps)
-      .def("remove_memory", &FlashCheckpoint::remove_memory);
+      .def("remove_memory", &FlashCheckpoint::remove_memory)
+      .def("reserve", &FlashCheckpoint::reserve, py::call_guard<py::gil_scoped_release>());
 
   py::class_<AsyncPersister>(m, "AsyncPersister")
       .def(py::init<FlashCheckpoint&>(), py::keep_alive<1, 2>())

@@ -196,5 +196,11 @@ class FlashCheckpoint:
     def remove_memory(self):
         self._c.remove_memory()
 
+    def reserve(self, nbytes):
+        """Allocates this rank's shared memory for a checkpoint of `nbytes` ahead of the first save
+        (agent side; never shrinks it, never changes a checkpoint it holds). Returns the bytes
+        allocated, 0 where the file system cannot allocate ahead."""
+        return self._c.reserve(int(nbytes))
+
     def async_persister(self):
         return _ckpt.AsyncPersister(self._c)
