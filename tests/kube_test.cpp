@@ -167,6 +167,15 @@ TEST_CASE("the pod a launch creates: labels, memory scaled after an OOM, bad nod
   CHECK(pod["spec"]["restartPolicy"] == "Never");
   CHECK(pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
            ["matchExpressions"][0]["values"] == json::array({"node-b"}));
+  // Flash checkpoints need more than a runtime's 64 MiB /dev/shm: a memory-backed one, unless the
+  // spec brings its own.
+  CHECK(c["volumeMounts"] == json::parse(R"([{"name":"goodput-shm","mountPath":"/dev/shm"}])"));
+  CHECK(pod["spec"]["volumes"] == json::parse(R"([{"name":"goodput-shm","emptyDir":{"medium":"Memory"}}])"));
+  o.spec.volumes = json::parse(R"([{"name":"shm","emptyDir":{"medium":"Memory","sizeLimit":"64Gi"}}])");
+  o.spec.volume_mounts = json::parse(R"([{"name":"shm","mountPath":"/dev/shm"}])");
+  const json own = kube::KubeNodes::manifest_for(o, "llama-3-1700000000-worker-4", 2, 1000, {});
+  CHECK(own["spec"]["volumes"] == o.spec.volumes);
+  CHECK(own["spec"]["containers"][0]["volumeMounts"] == o.spec.volume_mounts);
 }
 
 TEST_CASE("a job spec's Kubernetes backend is checked field by field") {

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 
@@ -199,7 +200,17 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
                                                                            {"key", "token"}}}}}},
                                          {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}})}};
   if (!s.working_dir.empty()) container["workingDir"] = s.working_dir;
-  if (!s.volume_mounts.empty()) container["volumeMounts"] = s.volume_mounts;
+  json volumes = s.volumes, mounts = s.volume_mounts;
+  // Flash checkpoints live in /dev/shm, which container runtimes cap at 64 MiB: give the pod a
+  // memory-backed one (its pages count against the pod's memory limit), unless the spec mounts its own.
+  const bool own_shm = std::any_of(mounts.begin(), mounts.end(), [](const json& m) {
+    return m.is_object() && m.value("mountPath", std::string()) == "/dev/shm";
+  });
+  if (!own_shm) {
+    volumes.push_back({{"name", "goodput-shm"}, {"emptyDir", {{"medium", "Memory"}}}});
+    mounts.push_back({{"name", "goodput-shm"}, {"mountPath", "/dev/shm"}});
+  }
+  container["volumeMounts"] = mounts;
   if (!s.image_pull_policy.empty()) container["imagePullPolicy"] = s.image_pull_policy;
   json limits = json::object(), requests = json::object();
   if (s.memory_mb > 0) {
@@ -213,7 +224,7 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
   if (!s.service_account.empty()) spec["serviceAccountName"] = s.service_account;
   if (!s.node_selector.empty()) spec["nodeSelector"] = s.node_selector;
   if (!s.tolerations.empty()) spec["tolerations"] = s.tolerations;
-  if (!s.volumes.empty()) spec["volumes"] = s.volumes;
+  if (!volumes.empty()) spec["volumes"] = volumes;
   if (!avoid.empty())
     spec["affinity"] = {{"nodeAffinity",
                          {{"requiredDuringSchedulingIgnoredDuringExecution",
