@@ -152,8 +152,9 @@ class FlashCheckpoint {
 
   // Agent: make this rank's two shared-memory objects hold at least a checkpoint of `data_bytes`
   // and allocate their pages now (fallocate: never shrinks an object, never changes what it
-  // holds), so that a trainer's first save only copies instead of faulting pages in. Returns the
-  // bytes allocated; 0 where the file system cannot allocate ahead (nothing is done then).
+  // holds), so the trainer's first save does not allocate them and a full /dev/shm shows up here
+  // rather than in a save. Returns the bytes allocated; 0 where the file system cannot allocate
+  // ahead (nothing is done then).
   uint64_t reserve(uint64_t data_bytes);
 
   // Agent: write the newest committed memory checkpoint to storage if storage lacks its step,
