@@ -46,13 +46,24 @@ def gbps(nbytes, seconds):
     return nbytes / seconds / 1e9
 
 
-def best(f, repeat=3):
+def best(f, repeat=3, sync=lambda: None):
+    """The fastest of `repeat` runs of f; `sync` waits for work f left running (a device's)."""
     times = []
     for _ in range(repeat):
+        sync()
         t0 = time.perf_counter()
         f()
+        sync()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def torch_save_synced(state, path):
+    """torch.save to a file, flushed and fsynced: a save that survives the machine, as a persist."""
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def restore_in_fresh_process(prefix, job):
@@ -210,13 +221,7 @@ def run(args, root):
 
         tpath = os.path.join(root, f"torch-{size_text}.pt")
 
-        def tsave():
-            with open(tpath, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-
-        t_tsave = best(tsave, repeat=2)
+        t_tsave = best(lambda: torch_save_synced(state, tpath), repeat=2)
         t_tload = best(lambda: torch.load(tpath), repeat=2)
         os.unlink(tpath)
 

@@ -28,32 +28,18 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
+from ckpt_bench import gbps, parse_size, torch_save_synced  # bench/ is this script's directory
+from ckpt_bench import best as best_on_host
 from goodput.checkpoint import FlashCheckpoint
 
 
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
-
-
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def best(f, device, repeat=3):
-    times = []
-    for _ in range(repeat):
-        sync(device)
-        t0 = time.perf_counter()
-        f()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    # A device runs copies asynchronously: wait for it before and after each run.
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    return best_on_host(f, repeat, sync)
 
 
 def make_state(nbytes, device):
@@ -70,10 +56,6 @@ def make_state(nbytes, device):
 
 def nbytes_of(state):
     return sum(t.numel() * t.element_size() for t in state.values())
-
-
-def gbps(n, s):
-    return n / s / 1e9
 
 
 def free_port():
@@ -147,13 +129,7 @@ def main():
 
             path = os.path.join(root, f"torch-{size_text}.pt")
 
-            def tsave():
-                with open(path, "wb") as f:
-                    torch.save(state, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-
-            t_tsave = best(tsave, a.device, repeat=2)
+            t_tsave = best(lambda: torch_save_synced(state, path), a.device, repeat=2)
             t_tload = best(lambda: torch.load(path, map_location=a.device), a.device, repeat=2)
             os.unlink(path)
             print(f"{size_text:>6} | {gbps(n, t_d2h):>8.2f}GB {gbps(n, t_save):>7.2f}GB {t_d2h / t_save * 100:>4.0f}% "

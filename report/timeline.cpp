@@ -123,7 +123,7 @@ Timeline TimelineBuilder::finish(const JobState& s) {
   std::vector<NodeId> order;
   for (const auto& [id, n] : nodes_)
     if (n.failures > 0 || (!n.initial && !n.name.empty())) order.push_back(id);
-  std::stable_sort(order.begin(), order.end(), [&](NodeId a, NodeId b) { return nodes_[a].failures > nodes_[b].failures; });
+  std::stable_sort(order.begin(), order.end(), [&](NodeId a, NodeId b) { return nodes_.at(a).failures > nodes_.at(b).failures; });
   for (size_t k = 0; k < order.size(); ++k) {
     if (static_cast<int>(k) >= max_lanes_) {
       t.lanes_omitted = static_cast<int32_t>(order.size() - k);
