@@ -64,6 +64,9 @@ class Persister {
   // The checkpoint identity of the running trainer (rank and world change between restarts).
   void configure(const ckpt::Options& o) {
     std::lock_guard lock(mu_);
+    // A new rank (a replica group was scaled and ranks moved): what the old rank's memory holds
+    // belongs to another layout, and a later trainer given that rank number must not load it.
+    if (options_ && options_->rank != o.rank) ckpt::FlashCheckpoint(*options_).remove_memory();
     options_ = o;
     ckpt_.reset();
     steps_.clear();

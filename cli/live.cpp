@@ -438,6 +438,22 @@ void add_live_commands(CLI::App& app, int& rc) {
     if (check_now) body["now"] = true;
     ask_master("/v1/check", body);
   });
+
+  static std::string scale_group, scale_reason;
+  static int32_t scale_count = 0;
+  auto* sc = app.add_subcommand(
+      "scale", "Change how many parameter servers (or workers) a running job has: new nodes join the group's end or "
+               "its highest slots are released, and the job restarts from its newest checkpoint in storage, "
+               "each rank told the layout that checkpoint was saved under");
+  sc->add_option("group", scale_group, "ps | worker")->required()->check(CLI::IsMember({"ps", "worker"}));
+  sc->add_option("count", scale_count, "The group's new number of nodes")->required()->check(CLI::Range(1, 4096));
+  sc->add_option("--reason", scale_reason, "Why, for the event log");
+  add_master_options(sc);
+  sc->callback([=] {
+    json body{{"group", scale_group}, {"count", scale_count}};
+    if (!scale_reason.empty()) body["reason"] = scale_reason;
+    ask_master("/v1/scale", body);
+  });
 }
 
 }  // namespace goodput

@@ -197,6 +197,10 @@ int cmd_explain(const std::string& db, const std::string& node) {
             if (p.name == name_of_id) line = p.object + " status: " + p.status;
           } else if constexpr (std::is_same_v<T, NodeReturned>) {
             if (p.node == id) line = "repaired, back in the pool of spares";
+          } else if constexpr (std::is_same_v<T, ScaleDecided>) {
+            if (std::find(p.released.begin(), p.released.end(), id) != p.released.end())
+              line = "released: the " + p.group + " group shrank (world " + std::to_string(p.from) + " -> " +
+                     std::to_string(p.to) + " nodes): " + p.reason;
           } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
             if (p.node == id) {
               line = "decided: " + std::string(to_string(p.diagnosis)) + " by rule '" + p.rule + "' -> " +

@@ -185,6 +185,18 @@ struct CheckRequested {
   int64_t after_step = 0;
 };
 
+// An operator asked for `group` ("ps" or "worker") to go from `from` to `to` nodes. Growing adds
+// slots at the group's end; shrinking releases the nodes named in `release` (the group's highest
+// slots). Slots after the group move along with it, so ranks change: the job restarts and restores
+// from storage, the one tier every new rank can read the old ranks' state from.
+struct ScaleRequested {
+  std::string group;
+  int32_t from = 0;
+  int32_t to = 0;
+  std::vector<NodeId> release;
+  std::string reason;
+};
+
 struct JobFinished {
   std::string reason;  // "completed", "horizon", "gave-up", "stopped"
   int64_t step = 0;
@@ -211,10 +223,15 @@ struct CheckpointPlanSet {
   std::string reason;
 };
 
+// The training world goes from `from` to `to` nodes. Without a group it gives up or takes back
+// vacant slots of the target (the elastic policy); with one, the job's target itself changes by
+// to - from nodes of that replica group, and the nodes in `released` leave the job.
 struct ScaleDecided {
   int32_t from = 0;
   int32_t to = 0;
   std::string reason;
+  std::string group;
+  std::vector<NodeId> released;
 };
 
 // The master handed these shards to the trainer on `node`, answering its request number
@@ -238,7 +255,7 @@ using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpa
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
                                   RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved,
-                                  CheckRequested, StallObserved, ApiRefused>;
+                                  CheckRequested, StallObserved, ApiRefused, ScaleRequested>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

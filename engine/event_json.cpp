@@ -54,7 +54,12 @@ template <class F> void fields(RecoveryDecided& v, F&& f) {
 template <class F> void fields(CheckpointPlanSet& v, F&& f) {
   f("every_steps", v.every_steps); f("tier", v.tier); f("persist_every", v.persist_every); f("reason", v.reason);
 }
-template <class F> void fields(ScaleDecided& v, F&& f) { f("from", v.from); f("to", v.to); f("reason", v.reason); }
+template <class F> void fields(ScaleDecided& v, F&& f) {
+  f("from", v.from); f("to", v.to); f("reason", v.reason); f.optional("group", v.group); f.optional("released", v.released);
+}
+template <class F> void fields(ScaleRequested& v, F&& f) {
+  f("group", v.group); f("from", v.from); f("to", v.to); f("release", v.release); f("reason", v.reason);
+}
 template <class F> void fields(RestartJob& v, F&& f) {
   f("world_size", v.world_size); f("restart", v.restart); f("delay_ns", v.delay); f("restore_step", v.restore_step);
   f("restore_tier", v.restore_tier);
@@ -65,7 +70,8 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "slowdown_observed",   "processes_started", "rendezvous_complete", "checkpoint_loaded", "checkpoint_saved",
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
     "restart_job",         "shards_completed", "shards_assigned",  "node_checked",
-    "status_observed",     "check_requested",     "stall_observed",      "api_refused"};
+    "status_observed",     "check_requested",     "stall_observed",      "api_refused",
+    "scale_requested"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",

@@ -1,5 +1,7 @@
 #include "engine/job_master.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 namespace goodput {
@@ -40,6 +42,12 @@ void JobMaster::observe(EventPayload observation) {
   if (const auto* s = std::get_if<SlowdownObserved>(&obs))
     if (auto d = policies_.recovery->on_slowdown(state_, *s)) decide(std::move(*d));
   if (!state_.gave_up()) {
+    // An operator's change of a replica group is carried out as asked (the master checked it).
+    if (const auto* r = std::get_if<ScaleRequested>(&obs)) {
+      const int32_t world = state_.world_size();
+      const int64_t to = int64_t{world} + r->to - r->from;
+      decide(ScaleDecided{world, static_cast<int32_t>(std::clamp<int64_t>(to, 0, INT32_MAX)), r->reason, r->group, r->release});
+    }
     if (auto s = policies_.scaling->decide(state_, obs)) decide(std::move(*s));
     if (auto p = policies_.checkpoint->plan(state_, obs)) decide(std::move(*p));
     // Mechanics, not policy: once every slot of the world has a node, (re)start the trainers.

@@ -77,7 +77,7 @@ void JobState::accrue(Time until) {
         break;
       }
       // Full-job-equivalent progress: capacity share of the world, divided by the straggler factor.
-      const int32_t n = std::max(job_.nodes, 1);
+      const int32_t n = std::max(target_nodes_, 1);
       const bool full = training_world_ >= n;  // the usual case needs no 128-bit division
       if (!full || slowdown_max_ != 1000) full_speed_since_ = kNever;
       else if (full_speed_since_ == kNever) full_speed_since_ = until - dt;
@@ -128,7 +128,7 @@ void JobState::apply(const Event& e) {
           costs_ = CheckpointCosts::from(p);
           started_ = true;
           start_ = accrued_to_ = now_ = e.time;
-          world_size_ = p.nodes;
+          world_size_ = target_nodes_ = p.nodes;
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           if (stage_ == Stage::Training && !stalled_) {
             // Progress stopped at stalled_since; the rest until now is detection latency.
@@ -214,6 +214,14 @@ void JobState::apply(const Event& e) {
             if (!p.waiting) stage_ = Stage::None;  // the trainers stop for the check; the job restarts after it
           } else if constexpr (std::is_same_v<T, ScaleDecided>) {
             world_size_ = p.to;
+            if (!p.group.empty()) {
+              // The target itself changed, and ranks move: every rank's memory checkpoint is laid
+              // out for the old world, so the restart restores from storage.
+              const int64_t target = int64_t{target_nodes_} + p.to - p.from;  // a log may hold any values
+              target_nodes_ = static_cast<int32_t>(std::clamp<int64_t>(target, 0, INT32_MAX));
+              for (NodeId n : p.released) set_held(n, false);
+              checkpoints_.on_memory_lost();
+            }
             waiting_for_spare_ = std::min(waiting_for_spare_, vacant_slots());
             ++scale_changes_;
             stage_ = Stage::None;

@@ -54,6 +54,8 @@ class JobState {
 
   // ---- membership ----
   int32_t world_size() const { return world_size_; }         // nodes in the (next) training world
+  // The world the job is meant to have: JobStarted's nodes, changed by operators' scale requests.
+  int32_t target_nodes() const { return target_nodes_; }
   int32_t nodes_held() const { return held_count_; }         // machines holding a slot
   int32_t vacant_slots() const { return world_size_ > held_count_ ? world_size_ - held_count_ : 0; }
   bool holds(NodeId n) const { return held_.contains(n); }
@@ -121,6 +123,7 @@ class JobState {
   Stage stage_ = Stage::None;
 
   int32_t world_size_ = 0;
+  int32_t target_nodes_ = 0;
   int32_t held_count_ = 0;
   int32_t waiting_for_spare_ = 0;
   // Keyed by node id: ids come from logs and traces, so they may be sparse, huge or negative.

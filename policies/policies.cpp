@@ -250,9 +250,9 @@ class ElasticScaling final : public ScalingPolicy {
     const int32_t held = s.nodes_held();
     const auto* none = std::get_if<NoSpareNode>(&e);
     if (none && !none->fixed && held < world && held >= min_nodes_)
-      return ScaleDecided{world, held, "no spare node: continue with " + std::to_string(held)};
-    if (std::holds_alternative<NodeJoined>(e) && held > world && world < s.job().nodes)
-      return ScaleDecided{world, std::min(held, s.job().nodes), "node joined: grow back"};
+      return ScaleDecided{world, held, "no spare node: continue with " + std::to_string(held), "", {}};
+    if (std::holds_alternative<NodeJoined>(e) && held > world && world < s.target_nodes())
+      return ScaleDecided{world, std::min(held, s.target_nodes()), "node joined: grow back", "", {}};
     return std::nullopt;
   }
 

@@ -8,6 +8,7 @@
 
 #include "engine/event_json.h"
 #include "engine/event_queue.h"
+#include "engine/job_master.h"
 #include "engine/job_state.h"
 #include "engine/rng.h"
 #include "test_util.h"
@@ -30,7 +31,8 @@ std::vector<EventPayload> one_of_each() {
           JobFinished{"horizon", 1000},
           RecoveryDecided{1, Diagnosis::OutOfMemory, RecoveryAction::RelaunchWithMoreMemory, 2, 5 * kSecond, 1500, "oom"},
           CheckpointPlanSet{100, Tier::Memory, 1, "fixed"},
-          ScaleDecided{4, 3, "no spare"},
+          ScaleDecided{4, 3, "no spare", "", {}},
+          ScaleDecided{4, 3, "operator", "ps", {2}},
           RestartJob{3, 2, 0, 800, Tier::Storage},
           ShardsCompleted{2, 900, {4, 7, 8}},
           ShardsAssigned{1, 4, {9}},
@@ -38,13 +40,14 @@ std::vector<EventPayload> one_of_each() {
           StatusObserved{"pod", "kubetest-1-w-0", "Running on kind-worker2; trainer running"},
           CheckRequested{{0, 2}, "slow:3", "operator: node 2 looks slow"},
           StallObserved{1, 4 * kSecond, true, "no progress for 00:01:00.0"},
-          ApiRefused{"10.0.0.9", 17, "missing or wrong bearer token"}};
+          ApiRefused{"10.0.0.9", 17, "missing or wrong bearer token"},
+          ScaleRequested{"ps", 2, 1, {2}, "operator: fewer servers"}};
 }
 }  // namespace
 
 TEST_CASE("every event type survives its JSON encoding unchanged") {
   const auto all = one_of_each();
-  REQUIRE(all.size() == std::variant_size_v<EventPayload>);
+  REQUIRE(all.size() == std::variant_size_v<EventPayload> + 1);  // two scale_decided forms
   uint64_t seq = 1;
   for (const auto& p : all) {
     const Event e{seq, static_cast<Time>(seq) * kSecond, p};
@@ -262,4 +265,70 @@ TEST_CASE("the index set finds the lowest member after inserts and erases in any
     CHECK(s.next() == (ref.empty() ? -1 : *ref.begin()));
     CHECK(s.size() == static_cast<int32_t>(ref.size()));
   }
+}
+
+namespace {
+struct RecordingBackend final : Backend {
+  std::vector<Event> executed;
+  void execute(const Event& d) override { executed.push_back(d); }
+};
+}  // namespace
+
+TEST_CASE("an operator's scale request changes the target world, releases nodes and restores from storage") {
+  VirtualClock clock;
+  MemoryStore log;
+  RecordingBackend backend;
+  JobMaster m(default_policy(), clock, backend, {&log});
+  // 1 parameter server (slot 0) and 2 workers; a checkpoint in memory at 20, the one at 10 in storage.
+  m.observe(JobStarted{"j", 3, 1, kSecond, 0, 1'000'000'000, 10'000'000'000, 1'000'000'000, "p"});
+  for (int i = 0; i < 3; ++i) m.observe(NodeJoined{i, i, "n" + std::to_string(i), i == 0 ? "ps" : "worker"});
+  for (auto p : std::vector<EventPayload>{ProcessesStarted{3, 0}, RendezvousComplete{3, 0}, CheckpointLoaded{0, Tier::None, 0}}) {
+    clock.advance_to(clock.now() + kSecond);
+    m.observe(p);
+  }
+  clock.advance_to(clock.now() + 10 * kSecond);
+  m.observe(CheckpointSaved{10, Tier::Memory, 0, true, 1});
+  m.observe(CheckpointPersisted{10, 1});
+  clock.advance_to(clock.now() + 10 * kSecond);
+  m.observe(CheckpointSaved{20, Tier::Memory, 0, false, 1});
+
+  // Grow the servers 1 -> 2: the world waits for the new server, then restarts from storage.
+  clock.advance_to(clock.now() + kSecond);
+  m.observe(ScaleRequested{"ps", 1, 2, {}, "operator"});
+  const auto* d = std::get_if<ScaleDecided>(&backend.executed.back().payload);
+  REQUIRE(d);
+  CHECK(d->from == 3);
+  CHECK(d->to == 4);
+  CHECK(d->group == "ps");
+  CHECK(m.state().target_nodes() == 4);
+  CHECK(m.state().vacant_slots() == 1);
+  CHECK(m.state().phase() == Phase::Scheduling);
+  m.observe(NodeJoined{3, 1, "n3", "ps"});
+  const auto* r = std::get_if<RestartJob>(&backend.executed.back().payload);
+  REQUIRE(r);
+  CHECK(r->world_size == 4);
+  CHECK(r->restore_tier == Tier::Storage);  // ranks moved: memory holds the old layout
+  CHECK(r->restore_step == 10);
+  for (auto p : std::vector<EventPayload>{ProcessesStarted{4, 1}, RendezvousComplete{4, 1}, CheckpointLoaded{10, Tier::Storage, 0}}) {
+    clock.advance_to(clock.now() + kSecond);
+    m.observe(p);
+  }
+  clock.advance_to(clock.now() + 5 * kSecond);
+  m.observe(CheckpointSaved{15, Tier::Memory, 0, false, 1});
+  CHECK(m.state().loss(Loss::ReducedCapacity) == 0);  // four of four: full capacity
+
+  // Shrink back 2 -> 1: node 3 leaves at once, and the restart needs nobody new.
+  m.observe(ScaleRequested{"ps", 2, 1, {3}, "operator"});
+  d = std::get_if<ScaleDecided>(&backend.executed[backend.executed.size() - 2].payload);
+  REQUIRE(d);
+  CHECK(d->to == 3);
+  CHECK(d->released == std::vector<NodeId>{3});
+  CHECK_FALSE(m.state().holds(3));
+  CHECK(m.state().nodes_held() == 3);
+  CHECK(m.state().target_nodes() == 3);
+  r = std::get_if<RestartJob>(&backend.executed.back().payload);
+  REQUIRE(r);
+  CHECK(r->world_size == 3);
+  CHECK(r->restore_tier == Tier::Storage);
+  CHECK(m.state().losses_total() + m.state().productive() == m.state().wall());
 }

@@ -249,6 +249,11 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
           {"spec", spec}};
 }
 
+void KubeNodes::set_layout(const std::vector<live::ReplicaGroup>& groups) {
+  std::lock_guard lock(mu_);
+  o_.replicas = groups;
+}
+
 void KubeNodes::launch(int32_t slot, int32_t memory_permille) {
   {
     std::lock_guard lock(mu_);
@@ -392,18 +397,20 @@ void KubeNodes::commands() {
   while (true) {
     Command c;
     std::set<std::string> avoid;
+    KubeNodesOptions shape;  // for a Create: copied under the lock, as set_layout() may change the groups
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return quit_ || !queue_.empty(); });
       if (quit_) return;
       c = queue_.front();
+      if (c.kind == Command::Create) shape = o_;
       avoid = bad_nodes_;
       avoid.insert(excluded_nodes_.begin(), excluded_nodes_.end());
     }
     bool done = true;
     try {
       if (c.kind == Command::Create) {
-        client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(o_, c.name, c.slot, c.memory_permille, avoid));
+        client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(shape, c.name, c.slot, c.memory_permille, avoid));
       } else {
         client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/pods/" + c.name);
       }

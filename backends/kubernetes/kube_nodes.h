@@ -69,6 +69,7 @@ class KubeNodes final : public live::NodeProvider {
   void shut_down(int timeout_ms) override;
   void exclude(const std::string& name) override;
   std::vector<StatusObserved> status_changes() override;
+  void set_layout(const std::vector<live::ReplicaGroup>& groups) override;
 
   // The pod a launch makes: its name, memory, the nodes it must keep off.
   static nlohmann::json manifest_for(const KubeNodesOptions& o, const std::string& name, int32_t slot,

@@ -110,6 +110,7 @@ LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, con
     resumed_ = true;
     store.for_each([&](const Event& e) { append(e); });
     master_.resume_from(store);
+    if (provider_) provider_->set_layout(spec_.replicas);  // as scaled in the log
     // Every node we knew gets a full heartbeat timeout to find the new master.
     for (auto& [id, n] : nodes_) n.last_heartbeat = clock_.now();
   } else {
@@ -190,6 +191,12 @@ void LiveMaster::append(const Event& e) {
           }
         } else if constexpr (std::is_same_v<T, RestartJob>) {
           restart_ = p;
+          // Its saves (steps above the one it restores) are laid out as its world is.
+          const json layout = replica_counts(spec_.replicas, p.world_size);
+          if (layout != layout_of(p.restore_step + 1)) {
+            layouts_.erase(layouts_.lower_bound(p.restore_step), layouts_.end());
+            layouts_[p.restore_step] = layout;
+          }
           run_at_ = e.time + p.delay;
           rdzv_port_ = 0;  // execute() picks a free one
           stall_.reset();
@@ -205,6 +212,10 @@ void LiveMaster::append(const Event& e) {
         } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
           plan_ = p;
         } else if constexpr (std::is_same_v<T, ScaleDecided>) {
+          if (!p.group.empty()) {
+            relayout(p);
+            return;
+          }
           world_ = std::clamp(p.to, 0, spec_.nodes);
           for (int32_t s = world_; s < spec_.nodes; ++s)
             if (slots_[s] >= 0) {
@@ -215,6 +226,53 @@ void LiveMaster::append(const Event& e) {
         }
       },
       e.payload);
+}
+
+void LiveMaster::relayout(const ScaleDecided& d) {
+  // Part of the fold: a resumed master lays the slots out the same way.
+  std::vector<ReplicaGroup> groups = spec_.replicas;
+  const auto g = std::find_if(groups.begin(), groups.end(), [&](const ReplicaGroup& x) { return x.type == d.group; });
+  if (g == groups.end()) return;  // a log from a job with other groups: nothing to move
+  g->count = static_cast<int32_t>(std::clamp<int64_t>(int64_t{g->count} + d.to - d.from, 0, 1 << 20));
+  int32_t first = 0;
+  for (ReplicaGroup& x : groups) {
+    x.first_slot = first;
+    first += x.count;
+  }
+  std::vector<NodeId> slots(static_cast<size_t>(first), -1);
+  std::vector<int32_t> memory(static_cast<size_t>(first), 1000);
+  std::set<int32_t> waiting;
+  for (int32_t s = 0; s < spec_.nodes; ++s) {
+    const ReplicaGroup& old = replica_group(spec_.replicas, s);
+    const ReplicaGroup& now = *std::find_if(groups.begin(), groups.end(), [&](const ReplicaGroup& x) { return x.type == old.type; });
+    const int32_t index = s - old.first_slot;
+    if (index >= now.count) continue;  // released (below) or a vacant slot that is no more
+    const int32_t moved = now.first_slot + index;
+    slots[moved] = slots_[s];
+    memory[moved] = slot_memory_[s];
+    if (slots_[s] >= 0) nodes_[slots_[s]].slot = moved;
+    if (waiting_slots_.contains(s)) waiting.insert(moved);
+  }
+  for (NodeId id : d.released)
+    if (Node* n = node(id)) {
+      n->gone = true;  // out of the job: its agent is told to exit, its machine is let go
+      n->former_slot = -1;
+      n->slot = -1;
+    }
+  spec_.replicas = std::move(groups);
+  spec_.nodes = first;
+  relaid_ = true;
+  slots_ = std::move(slots);
+  slot_memory_ = std::move(memory);
+  waiting_slots_ = std::move(waiting);
+  world_ = std::clamp(d.to, 0, spec_.nodes);
+  place_spares();
+}
+
+json LiveMaster::layout_of(int64_t step) const {
+  auto it = layouts_.lower_bound(step);  // the newest restart that restored a step below `step`
+  if (it == layouts_.begin()) return nullptr;
+  return std::prev(it)->second;
 }
 
 bool LiveMaster::fits(const Node& n, int32_t slot) const {
@@ -236,6 +294,15 @@ void LiveMaster::place_spares() {
 
 void LiveMaster::execute(const Event& d) {
   if (std::holds_alternative<RestartJob>(d.payload)) rdzv_port_ = pick_port();
+  if (const auto* sc = std::get_if<ScaleDecided>(&d.payload); sc && !sc->group.empty() && provider_) {
+    // append() already laid the slots out anew: let the released machines go, fill the new slots.
+    provider_->set_layout(spec_.replicas);
+    for (NodeId id : sc->released)
+      if (const Node* n = node(id)) provider_->terminate(n->name);
+    for (int32_t s = 0; s < world_; ++s)
+      if (slots_[s] < 0) provider_->launch(s, slot_memory_[s]);
+    return;
+  }
   if (const auto* r = std::get_if<RecoveryDecided>(&d.payload)) {
     if (r->action != RecoveryAction::RelaunchNode && r->action != RecoveryAction::RelaunchWithMoreMemory) return;
     const Node& n = nodes_[r->node];
@@ -318,6 +385,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
     else if (path == "/v1/shards/complete") r = on_shards_complete(body);
     else if (path == "/v1/inject") r = on_inject(body);
     else if (path == "/v1/check") r = on_check(body);
+    else if (path == "/v1/scale") r = on_scale(body);
     else return error(404, "no such endpoint: " + path);
     if (path != "/v1/heartbeat" && path != "/v1/exit") advance();  // a heartbeat advanced before its answer
     return r;
@@ -416,6 +484,12 @@ json LiveMaster::assignment(const Node& n) const {
     env["GOODPUT_REPLICA_TYPE"] = g.type;
     env["GOODPUT_REPLICA_INDEX"] = std::to_string(n.slot - g.first_slot);
     env["GOODPUT_REPLICAS"] = replica_counts(spec_.replicas, restart_.world_size).dump();
+    // Once a group was scaled, storage holds checkpoints of more than one layout: a restore from
+    // it loads exactly the step the master chose, each rank finding its part's state by the ranks
+    // of the layout that step was saved under.
+    if (relaid_ && restart_.restore_tier == Tier::Storage)
+      if (const json saved = layout_of(restart_.restore_step); saved.is_object())
+        env["GOODPUT_RESTORE_REPLICAS"] = saved.dump();
     out["env"] = env;
     out["storage_dir"] = spec_.storage_dir;
     out["checkpoint_bytes"] = spec_.checkpoint_bytes_per_node;
@@ -555,6 +629,44 @@ HttpResponse LiveMaster::on_check(const json& b) {
   } catch (const std::invalid_argument& e) {
     return error(409, e.what());
   }
+}
+
+HttpResponse LiveMaster::on_scale(const json& b) {
+  const std::string reason = field_or<std::string>(b, "reason", "");
+  if (reason.size() > 1000) throw BadRequest("field 'reason' must be at most 1000 characters");
+  const int64_t count = field<int64_t>(b, "count");
+  if (count < 0 || count > 4096) throw BadRequest("field 'count' must be from 0 to 4096");
+  try {
+    return reply(200, request_scale(field<std::string>(b, "group"), static_cast<int32_t>(count), reason));
+  } catch (const std::invalid_argument& e) {
+    return error(409, e.what());
+  }
+}
+
+json LiveMaster::request_scale(const std::string& group, int32_t count, const std::string& reason) {
+  if (finished()) throw std::invalid_argument("the job has finished");
+  if (group != "ps" && group != "worker")
+    throw std::invalid_argument("only the \"ps\" and \"worker\" groups can be scaled, not '" + group + "'");
+  const auto g = std::find_if(spec_.replicas.begin(), spec_.replicas.end(), [&](const ReplicaGroup& x) { return x.type == group; });
+  if (g == spec_.replicas.end()) throw std::invalid_argument("the job has no '" + group + "' group");
+  if (count < 1) throw std::invalid_argument("a '" + group + "' group needs at least one node");
+  if (master_.state().restart_jobs() == 0 || world_ < spec_.nodes ||
+      std::any_of(slots_.begin(), slots_.end(), [](NodeId id) { return id < 0; }))
+    throw std::invalid_argument("the world is not complete (a node is being placed or replaced); ask again when it is");
+  if (check_round_ > 0 || checks_pending() || waiting_check_)
+    throw std::invalid_argument("a node check is in progress or waiting; ask again when it ends");
+  if (count == g->count) return json{{"group", group}, {"count", count}, {"changed", false}};
+  ScaleRequested r{group, g->count, count, {}, reason.empty() ? "requested by an operator" : reason};
+  json released = json::array();
+  for (int32_t i = g->count - 1; i >= count; --i) {  // the group's highest slots go
+    const NodeId id = slots_[g->first_slot + i];
+    r.release.push_back(id);
+    released.push_back({{"slot", g->first_slot + i}, {"node", id}, {"name", nodes_[id].name}});
+  }
+  const int32_t from = g->count;
+  observe(std::move(r));
+  return json{{"group", group}, {"from", from}, {"count", count}, {"released", released},
+              {"restore", "the newest checkpoint in storage"}};
 }
 
 json LiveMaster::request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason,
@@ -1057,6 +1169,10 @@ nlohmann::ordered_json LiveMaster::status() const {
   out["total_steps"] = spec_.total_steps;
   out["restart"] = restart_.restart;
   out["world_size"] = world_;
+  out["replicas"] = replica_counts(spec_.replicas, world_);
+  // The step a restart from storage (a scale, a lost node) goes back to; null: none yet.
+  if (const CheckpointRef& c = s.checkpoints().newest_in_storage(); c.valid) out["storage_step"] = c.step;
+  else out["storage_step"] = nullptr;
   out["goodput"] = r.goodput;
   out["wall_s"] = static_cast<double>(r.wall) / kSecond;
   out["productive_s"] = static_cast<double>(r.productive) / kSecond;

@@ -54,6 +54,9 @@ class NodeProvider {
   virtual void exclude(const std::string& name) { (void)name; }
   // Status changes of the cluster objects the job runs on, since the last call, for the log.
   virtual std::vector<StatusObserved> status_changes() { return {}; }
+  // An operator scaled a replica group: slots are laid out anew (launch() takes the new slots).
+  // Providers that pick a machine shape by slot follow; the others have nothing to do.
+  virtual void set_layout(const std::vector<ReplicaGroup>& groups) { (void)groups; }
 };
 
 // The master's clock: nanoseconds since the job started, from the log's epoch (wall clock, read
@@ -92,6 +95,12 @@ class LiveMaster final : public Backend, public EventSink {
   // empty slot, a check in progress or waiting, the job finished) and why.
   nlohmann::json request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason,
                                bool now = false);
+  // Change replica group `group` ("ps" or "worker") to `count` nodes (an operator's `goodput scale`):
+  // a larger group gets new nodes at its end, a smaller one releases its highest slots; the slots
+  // after it move along, and the world restarts from the newest checkpoint in storage, each rank
+  // told the layout it was saved under. Throws std::invalid_argument when it cannot be done now
+  // (no such group, the world incomplete, a check under way, the job finished) and why.
+  nlohmann::json request_scale(const std::string& group, int32_t count, const std::string& reason);
   // Ends the job now (an operator's Ctrl-C): the log says "stopped".
   void stop();
 
@@ -176,6 +185,10 @@ class LiveMaster final : public Backend, public EventSink {
   HttpResponse on_shards_complete(const nlohmann::json& body);
   HttpResponse on_inject(const nlohmann::json& body);
   HttpResponse on_check(const nlohmann::json& body);
+  HttpResponse on_scale(const nlohmann::json& body);
+  void relayout(const ScaleDecided& d);  // the fold of a replica group's scale decision
+  // The replica counts the checkpoint of `step` was saved under (from the restarts in the log).
+  nlohmann::json layout_of(int64_t step) const;
   nlohmann::json assignment(const Node& n) const;
   Node* node(NodeId id);
   std::vector<Node*> world();  // nodes holding slots 0..world-1; empty if a slot is vacant
@@ -241,6 +254,10 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t last_check_id_ = 0;
   Time check_deadline_ = 0;
   std::vector<NodeId> check_members_;
+  // Replica counts of each restart's world, by the step it restored: checkpoints of steps above a
+  // key were saved under its layout (until the next key).
+  std::map<int64_t, nlohmann::json> layouts_;
+  bool relaid_ = false;  // a replica group was scaled (ranks moved) at some point of the run
 };
 
 }  // namespace goodput::live

@@ -43,6 +43,11 @@ std::string RayNodes::submission_id(const std::string& name) const {
   return id;
 }
 
+void RayNodes::set_layout(const std::vector<live::ReplicaGroup>& groups) {
+  std::lock_guard lock(mu_);
+  o_.replicas = groups;
+}
+
 void RayNodes::launch(int32_t slot, int32_t memory_permille) {
   {
     std::lock_guard lock(mu_);

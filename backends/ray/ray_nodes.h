@@ -55,6 +55,7 @@ class RayNodes final : public live::NodeProvider {
   void shut_down(int timeout_ms) override;
   std::vector<StatusObserved> status_changes() override;
   void exclude(const std::string& name) override;
+  void set_layout(const std::vector<live::ReplicaGroup>& groups) override;
 
   // The submission a node's name maps to (stable: a retried submit reuses it).
   std::string submission_id(const std::string& name) const;

@@ -58,6 +58,8 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ddp = DDP(model)  # before the restore: its set-up is part of getting back to training
     step, state = s.restore()
+    if state is None and step > 0:  # a worker added by `goodput scale worker N`: every rank's state is the same
+        state = s.load_replica("worker", 0)
     samples = 0
     if state is not None:
         model.load_state_dict(state["model"])
@@ -97,7 +99,9 @@ def main():
     total = torch.tensor([samples])
     dist.all_reduce(total)
     s.done(s.total_steps, samples=int(total.item()))
-    print(f"rank {s.rank}: done at step {s.total_steps}, {int(total.item())} samples trained across ranks", flush=True)
+    digest = sum(float(p.double().sum()) for p in model.parameters())  # the same on every rank
+    print(f"rank {s.rank}: done at step {s.total_steps}, {int(total.item())} samples trained across ranks, "
+          f"parameter sum {digest:.10f}", flush=True)
     dist.destroy_process_group()
 
 

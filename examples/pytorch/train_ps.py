@@ -6,10 +6,12 @@ workers (and a chief, if there is one) hold no state of their own beyond the ste
 synchronous: every server broadcasts its tensors, each trainer computes gradients on its own batch,
 the gradients are summed onto the owning server, which averages them and takes the optimizer step.
 
-Every rank saves its own flash checkpoint (a server: its tensors and optimizer state; a trainer:
-its step), so a server killed with SIGKILL is restarted, the world restores the newest step every
-rank holds, and the loss curve continues bit for bit (the data is a pure function of step and
-trainer index).
+Every rank saves its own flash checkpoint (a server: its tensors and optimizer state, by tensor
+number; a trainer: its step), so a server killed with SIGKILL is restarted, the world restores the
+newest step every rank holds, and the loss curve continues bit for bit (the data is a pure function
+of step and trainer index). When an operator changes the number of servers (`goodput scale ps N`),
+each server of the new layout reads the tensors it now owns from the servers that owned them in
+the checkpoint's layout.
 
     goodput run examples/pytorch/ps-job.json --faults examples/pytorch/ps-faults.json
 
@@ -67,11 +69,19 @@ def main():
     opt = torch.optim.Adam([params[i] for i in owned], lr=1e-3) if serving else None
 
     step, state = s.restore()
-    if state is not None and serving:
+    if step > 0 and serving:
+        # Tensor i was on server i mod #servers of the layout the checkpoint was saved under.
+        saved_servers = s.restored_replicas.get("ps", 0)
+        states = {}
         with torch.no_grad():
-            for i, t in zip(owned, state["params"]):
-                params[i].copy_(t)
-        opt.load_state_dict(state["optim"])
+            for i in owned:
+                j = i % saved_servers
+                if s.restored_replicas == s.replicas:
+                    states[j] = state
+                elif j not in states:
+                    states[j] = s.load_replica("ps", j)
+                params[i].copy_(states[j]["params"][i])
+                opt.state[params[i]] = {k: v.clone() for k, v in states[j]["optim"][i].items()}
     print(f"rank {s.rank} ({s.replica_type} {s.replica_index}) restart {s.restart}: starting after step {step} "
           f"(from {s.loaded_from[0]})", flush=True)
 
@@ -98,7 +108,8 @@ def main():
         s.step_done(step, loss.item() if loss is not None else None)
         if s.should_save(step):
             if serving:
-                s.save(step, {"params": [params[i].detach() for i in owned], "optim": opt.state_dict(), "step": step})
+                s.save(step, {"params": {i: params[i].detach() for i in owned},
+                              "optim": {i: opt.state[params[i]] for i in owned}, "step": step})
             else:
                 s.save(step, {"step": step})
         left = args.step_seconds - (time.perf_counter() - t0)

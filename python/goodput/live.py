@@ -23,13 +23,14 @@ checkpoints go to the directory given by GOODPUT_STORAGE_DIR if any.
 import faulthandler
 import json
 import os
+import shutil
 import signal
 import ssl
 import time
 import urllib.error
 import urllib.request
 
-from goodput.checkpoint import FlashCheckpoint
+from goodput.checkpoint import CheckpointError, FlashCheckpoint
 
 
 def _int(name, default=0):
@@ -55,6 +56,13 @@ class Session:
         self.replica_type = e.get("GOODPUT_REPLICA_TYPE", "worker")
         self.replica_index = _int("GOODPUT_REPLICA_INDEX", self.rank)
         self.replicas = json.loads(e["GOODPUT_REPLICAS"]) if e.get("GOODPUT_REPLICAS") else {"worker": self.world_size}
+        # The layout the checkpoint to restore was saved under, when the master names it (a group
+        # was scaled during the run, so ranks may have moved): a rank's state is found by its part
+        # (type and index), not by its rank number.
+        self._relaid = bool(e.get("GOODPUT_RESTORE_REPLICAS"))
+        self.restored_replicas = json.loads(e["GOODPUT_RESTORE_REPLICAS"]) if self._relaid else self.replicas
+        self._storage_dir = e.get("GOODPUT_STORAGE_DIR", "")
+        self._shm_prefix = e.get("GOODPUT_SHM_PREFIX", "")
         self._master = e.get("GOODPUT_MASTER", "")
         self._token = e.get("GOODPUT_TOKEN", "")
         # An https:// master is verified against GOODPUT_CA_FILE (or the system's trust store).
@@ -103,10 +111,21 @@ class Session:
     # ---- checkpoints ----
     def restore(self):
         """Agrees with every rank on the newest step all of them can load (memory, else storage),
-        loads it, and returns (step, state); (0, None) for a fresh start."""
+        loads it, and returns (step, state); (0, None) for a fresh start.
+
+        After a replica group was scaled the master names the step (in storage) and the layout it
+        was saved under: the state returned is that of the same part (say, worker 1) then, None for
+        a part that did not exist; load_replica() reads any other part's, to re-partition."""
         import torch.distributed as dist
 
         t0 = time.perf_counter()
+        if self._relaid and self.restore_tier == "storage" and self.restore_step > 0:
+            state = self.load_replica(self.replica_type, self.replica_index)
+            if self.rank == 0:
+                self._drop_storage_after(self.restore_step)
+            self.loaded_from = ("storage", self.restore_step)
+            self.report("loaded", step=self.restore_step, tier="storage", seconds=time.perf_counter() - t0)
+            return self.restore_step, state
         have = {}
         if self.restore_tier != "storage":  # the policy may forbid memory restores
             for s in self.ckpt.memory_steps():
@@ -136,6 +155,39 @@ class Session:
         self.loaded_from = (tier, loaded_step)
         self.report("loaded", step=loaded_step, tier=tier, seconds=time.perf_counter() - t0)
         return loaded_step, state
+
+    def load_replica(self, replica_type, index):
+        """The state replica `index` of `replica_type` ("ps", "worker", "chief") saved in the
+        checkpoint this restart restores, read from storage by the layout it was saved under; None
+        if that layout had no such replica or there is nothing to restore."""
+        layout = self.restored_replicas
+        first = 0
+        for t in ("chief", "ps", "worker"):
+            if t == replica_type:
+                break
+            first += layout.get(t, 0)
+        if self.restore_step <= 0 or not 0 <= index < layout.get(replica_type, 0):
+            return None
+        # A checkpoint object of that rank as the old world had it; its shared-memory prefix names
+        # nothing, so it reads the rank's file in storage (this node's memory holds its own old rank
+        # at best, and the rank number may have meant another part when that was saved).
+        old = FlashCheckpoint(self.job, first + index, sum(layout.values()), storage_dir=self._storage_dir,
+                              shm_prefix=self._shm_prefix + "-relaid", peers_share_memory=False)
+        step, state = old.load(self.restore_step)
+        if step is None:
+            raise CheckpointError(f"the master restores step {self.restore_step}, but storage has no checkpoint of "
+                                  f"{replica_type} {index} (rank {first + index}) at it")
+        return state
+
+    def _drop_storage_after(self, step):
+        """Steps in storage above the restored one were saved by a world that was given up (under
+        another layout, perhaps): the job saves them again as it goes, and nobody may load them
+        meanwhile by their rank numbers. The other ranks wait in the first step's collectives."""
+        if not self._storage_dir or not os.path.isdir(self._storage_dir):
+            return
+        for name in os.listdir(self._storage_dir):
+            if name.startswith("step-") and name[5:].isdigit() and int(name[5:]) > step:
+                shutil.rmtree(os.path.join(self._storage_dir, name), ignore_errors=True)
 
     def should_save(self, step):
         return self.checkpoint_every > 0 and step % self.checkpoint_every == 0 or step == self.total_steps

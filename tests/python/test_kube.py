@@ -201,6 +201,52 @@ class KubeBackendTest(unittest.TestCase):
         joined = of_type(ev, "node_joined")
         self.assertEqual([(j["slot"], j["replica_type"]) for j in joined if "-ps-" in j["name"]], [(0, "ps"), (0, "ps")])
 
+    def test_an_operator_scales_the_parameter_servers_and_pods_follow_the_new_layout(self):
+        # `goodput scale ps 2` then `ps 1` on the emulated cluster: the second server's pod gets the
+        # ps group's shape and labels (index 1 at rank 1: the workers moved up, their pods stay as
+        # they are; a pod's labels record the slot it was launched for), and is deleted when the
+        # group shrinks. Both restarts restore from storage and the job completes. (One pod per
+        # node here: the fourth node is for the second server.)
+        emu = Emulator(self, nodes=4)
+        job = kube_spec(emu, total_steps=200,
+                        command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
+                                 "--step-seconds", "0.03", "--hidden", "64"],
+                        replicas=[{"type": "ps", "backend": {"memory_mb": 256, "cpu": "2"}},
+                                  {"type": "worker", "count": 2}])
+        del job["nodes"]
+        run = LiveRun(self, job)
+        answers = []
+
+        def scale(count, at_step):
+            run.wait_for_step(at_step, timeout=180)
+            for _ in range(150):  # 409 while the new server's pod starts
+                r = subprocess.run([GOODPUT, "scale", "ps", str(count), "--master", run.url(),
+                                    "--token-file", os.path.join(run.run_dir, "token")],
+                                   capture_output=True, text=True, timeout=30)
+                if r.returncode != 2 or "not complete" not in r.stderr:
+                    break
+                time.sleep(0.2)
+            answers.append(r)
+
+        self.assertEqual(run.run_while(lambda: (scale(2, 60), scale(1, 130)), timeout=300), 0, run.diag())
+        self.assertEqual([a.returncode for a in answers], [0, 0], [a.stderr for a in answers])
+        ev = run.events()
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        self.assertEqual([(r["world_size"], r["restore_tier"]) for r in of_type(ev, "restart_job")],
+                         [(3, "none"), (4, "storage"), (3, "storage")])
+        shapes = []
+        for c in emu.created():
+            labels, res = c["metadata"]["labels"], c["spec"]["containers"][0]["resources"]
+            shapes.append((labels["goodput/replica-type"], labels["goodput/replica-index"], labels["goodput/rank"],
+                           res["limits"]["memory"], res["requests"]["cpu"]))
+        self.assertEqual(len(shapes), 4, shapes)
+        self.assertEqual(shapes[3], ("ps", "1", "1", "256Mi", "2"))
+        second = of_type(ev, "node_joined")[3]
+        self.assertEqual((second["slot"], second["replica_type"]), (1, "ps"))
+        deleted = [r["path"].rsplit("/", 1)[-1] for r in emu.ok("GET", "/_emulator/requests") if r["method"] == "DELETE"]
+        self.assertIn(second["name"], deleted)
+        self.assertEqual(of_type(ev, "scale_decided")[1]["released"], [second["node"]])
+
     def test_a_node_going_not_ready_loses_its_pods_to_other_nodes(self):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160))

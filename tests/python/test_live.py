@@ -266,6 +266,145 @@ class LiveTest(unittest.TestCase):
                 self.assertEqual(b[st], a[st], f"{name} step {st}")
             self.assertEqual(max(a), 120)
 
+    def test_an_operator_adds_and_removes_a_parameter_server_and_the_losses_carry_on(self):
+        # `goodput scale ps 2` mid-run: a second server joins (slot 1; the workers move up a rank),
+        # the world restarts from the newest checkpoint in storage, which was saved by one server;
+        # the new servers read the tensors they now own (every other one) from its file. Then
+        # `goodput scale ps 1`: the second server is released and the first reads back the tensors
+        # the second owned. Each time the steps done again after the restore have bit-identical
+        # losses on both workers (two gradients summed with zeros: the same in any order).
+        job = spec(job="psscale", total_steps=200,
+                   command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
+                            "--step-seconds", "0.03", "--hidden", "64"],
+                   replicas=[{"type": "ps", "count": 1}, {"type": "worker", "count": 2}])
+        del job["nodes"]
+        run = LiveRun(self, job)
+        answers = []
+
+        def scale(count, at_step):
+            run.wait_for_step(at_step, timeout=180)
+            token = os.path.join(run.run_dir, "token")
+            for _ in range(150):  # 409 while the world is incomplete (the new server joining)
+                r = subprocess.run([GOODPUT, "scale", "ps", str(count), "--reason", f"operator: {count} servers",
+                                    "--master", run.url(), "--token-file", token],
+                                   capture_output=True, text=True, timeout=30)
+                if r.returncode != 2 or "not complete" not in r.stderr:
+                    break
+                time.sleep(0.2)
+            answers.append(r)
+            with urllib.request.urlopen(run.url() + "/status", timeout=5) as resp:
+                statuses.append(json.loads(resp.read()))
+
+        statuses = []
+
+        def during():
+            wrong = subprocess.run([GOODPUT, "scale", "worker", "0", "--master", run.wait_for_master(),
+                                    "--token-file", os.path.join(run.run_dir, "token")],
+                                   capture_output=True, text=True, timeout=30)
+            answers.append(wrong)
+            scale(2, 60)
+            scale(1, 130)
+
+        self.assertEqual(run.run_while(during, timeout=300), 0, run.diag())
+        self.assertNotEqual(answers[0].returncode, 0)  # a count below 1 is refused before asking
+        self.assertIn("count", answers[0].stderr)
+        for a in answers[1:]:
+            self.assertEqual(a.returncode, 0, a.stderr)
+        grown, shrunk = (json.loads(a.stdout) for a in answers[1:])
+        # /status shows the layout as asked at once, and the storage step a restart goes back to.
+        self.assertEqual([st["replicas"] for st in statuses], [{"ps": 2, "worker": 2}, {"ps": 1, "worker": 2}])
+        self.assertTrue(all(st["storage_step"] >= 40 for st in statuses), statuses)
+        self.assertEqual((grown["from"], grown["count"], grown["released"]), (1, 2, []))
+        self.assertEqual((shrunk["from"], shrunk["count"], [r["slot"] for r in shrunk["released"]]), (2, 1, [1]))
+
+        ev = run.events()
+        joined = of_type(ev, "node_joined")
+        self.assertEqual(len(joined), 4, joined)
+        self.assertEqual(sorted((j["slot"], j["replica_type"]) for j in joined[:3]),
+                         [(0, "ps"), (1, "worker"), (2, "worker")])
+        second = joined[3]  # the new server takes the slot after the first; the workers moved to 2 and 3
+        self.assertEqual((second["slot"], second["replica_type"]), (1, "ps"))
+        self.assertEqual([(r["group"], r["from"], r["to"], r["release"]) for r in of_type(ev, "scale_requested")],
+                         [("ps", 1, 2, []), ("ps", 2, 1, [second["node"]])])
+        self.assertEqual([(d["group"], d["from"], d["to"], d.get("released", [])) for d in of_type(ev, "scale_decided")],
+                         [("ps", 3, 4, []), ("ps", 4, 3, [second["node"]])])
+        restarts = of_type(ev, "restart_job")
+        self.assertEqual([(r["world_size"], r["restore_tier"]) for r in restarts],
+                         [(3, "none"), (4, "storage"), (3, "storage")], restarts)
+        loaded = of_type(ev, "checkpoint_loaded")
+        self.assertEqual([(l["step"], l["tier"]) for l in loaded],
+                         [(0, "none")] + [(r["restore_step"], "storage") for r in restarts[1:]])
+        self.assertGreater(restarts[1]["restore_step"], 0)
+        self.assertGreater(restarts[2]["restore_step"], restarts[1]["restore_step"])
+        self.assertEqual(of_type(ev, "failure_observed"), [])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        self.assertIn("released: the ps group shrank (world 4 -> 3 nodes): operator: 1 servers",
+                      run.explain(second["name"]))
+
+        names = {j["node"]: j["name"] for j in joined}
+        workers = [names[j["node"]] for j in joined if j["replica_type"] == "worker"]
+        prog = run.progress()
+        recomputed = 0
+        for name in workers:
+            seen = {}
+            for restart in range(3):
+                for st, loss in losses(prog[(name, restart)]).items():
+                    if st in seen:
+                        recomputed += 1
+                        self.assertEqual(seen[st], loss, f"{name} step {st} after restart {restart}")
+                    seen[st] = loss
+            self.assertEqual(max(seen), 200)
+        self.assertGreater(recomputed, 0)  # steps after each restored checkpoint were done twice
+        # Each rank knew its part after the moves: the workers sat at ranks 2 and 3 with two servers.
+        first_worker = [j for j in joined if j["replica_type"] == "worker" and j["slot"] == 1][0]
+        with open(os.path.join(run.run_dir, "nodes", first_worker["name"], "r1-stdout.log")) as f:
+            self.assertIn(f"rank 2 (worker 0) restart 1: starting after step {restarts[1]['restore_step']} "
+                          f"(from storage)", f.read())
+        with open(os.path.join(run.run_dir, "nodes", second["name"], "r1-stdout.log")) as f:
+            self.assertIn(f"rank 1 (ps 1) restart 1: starting after step {restarts[1]['restore_step']}", f.read())
+
+    def test_an_operator_adds_a_ddp_worker_which_starts_from_the_others_state(self):
+        # `goodput scale worker 3` on a two-node DDP job: the third node joins at slot 2, the world
+        # restarts from storage, and the new rank (a part the checkpoint does not have) loads worker
+        # 0's state, as train_ddp.py does: every DDP rank holds the same model.
+        run = LiveRun(self, spec(total_steps=160))
+        answers = []
+
+        def during():
+            run.wait_for_step(60)
+            answers.append(subprocess.run([GOODPUT, "scale", "worker", "3", "--master", run.url(),
+                                           "--token-file", os.path.join(run.run_dir, "token")],
+                                          capture_output=True, text=True, timeout=30))
+
+        self.assertEqual(run.run_while(during), 0, run.diag())
+        self.assertEqual(answers[0].returncode, 0, answers[0].stderr)
+        ev = run.events()
+        self.assertEqual([(d["group"], d["from"], d["to"]) for d in of_type(ev, "scale_decided")], [("worker", 2, 3)])
+        restarts = of_type(ev, "restart_job")
+        self.assertEqual([(r["world_size"], r["restore_tier"]) for r in restarts], [(2, "none"), (3, "storage")])
+        restored = restarts[1]["restore_step"]
+        self.assertGreater(restored, 0)
+        joined = of_type(ev, "node_joined")
+        self.assertEqual(sorted(j["slot"] for j in joined), [0, 1, 2])
+        third = [j for j in joined if j["slot"] == 2][0]["name"]
+        with open(os.path.join(run.run_dir, "nodes", third, "r1-stdout.log")) as f:
+            self.assertIn(f"rank 2/3 restart 1: starting after step {restored} (from storage)", f.read())
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        # The first step after the restore starts from the stored model: ranks 0 and 1 see the
+        # same loss on it as when they first trained it.
+        prog = run.progress()
+        for j in joined:
+            if j["slot"] < 2:
+                before, after = losses(prog[(j["name"], 0)]), losses(prog[(j["name"], 1)])
+                self.assertEqual(after[restored + 1], before[restored + 1], j["name"])
+        # And the new rank trained the same model as the others to the end (a rank that started
+        # from a fresh model would have drifted apart from them).
+        sums = set()
+        for j in joined:
+            with open(os.path.join(run.run_dir, "nodes", j["name"], "r1-stdout.log")) as f:
+                sums.update(re.findall(r"parameter sum (\S+)", f.read()))
+        self.assertEqual(len(sums), 1, sums)
+
     def test_kill_node_relaunches_it_and_every_shard_is_trained_once(self):
         # 160 steps x 2 ranks, one shard per rank-step: the dataset is exactly one pass.
         run = LiveRun(self, spec(data_shards=320), [{"fault": "kill-node", "slot": 0, "at_step": 70}])
