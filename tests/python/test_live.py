@@ -824,6 +824,64 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
         self.assertIn("400 of 400 done, 0 trained twice", run.stdout)
 
+    def test_a_master_killed_after_a_scale_resumes_with_the_new_layout(self):
+        # The layout after `goodput scale ps 2` is folded from the log: a master killed (SIGKILL)
+        # while the scaled world trains comes back with the second server at slot 1 and the
+        # workers at 2 and 3, and leaves the healthy trainers running.
+        job = spec(job="psresume", total_steps=240,
+                   command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
+                            "--step-seconds", "0.03", "--hidden", "64"],
+                   replicas=[{"type": "ps", "count": 1}, {"type": "worker", "count": 2}])
+        del job["nodes"]
+        run = LiveRun(self, job)
+        proc = run.start()
+        try:
+            run.wait_for_step(60)
+            r = subprocess.run([GOODPUT, "scale", "ps", "2", "--master", run.url(),
+                                "--token-file", os.path.join(run.run_dir, "token")],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            deadline = time.time() + 120
+            while time.time() < deadline:  # the four-node world trains past the checkpoint it restored
+                ev = run.events()
+                if len(of_type(ev, "checkpoint_loaded")) == 2 and of_type(ev, "checkpoint_saved")[-1]["step"] > \
+                        of_type(ev, "checkpoint_loaded")[-1]["step"]:
+                    break
+                time.sleep(0.3)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        seen = {}
+
+        def during():  # the resumed master listens where the old one did (its agents know it there)
+            for _ in range(100):
+                try:
+                    with urllib.request.urlopen(run.url() + "/status", timeout=2) as resp:
+                        seen.update(json.loads(resp.read()))
+                    break
+                except (OSError, ValueError):
+                    time.sleep(0.2)
+
+        run.args.append("--resume")
+        self.assertEqual(run.run_while(during), 0, self.diag(run))
+        self.assertEqual((seen.get("replicas"), seen.get("world_size")), ({"ps": 2, "worker": 2}, 4), seen)
+        self.assertEqual(sorted(n["slot"] for n in seen["nodes"]), [0, 1, 2, 3], seen["nodes"])
+        ev = run.events()
+        self.assertEqual([(r["world_size"], r["restore_tier"]) for r in of_type(ev, "restart_job")],
+                         [(3, "none"), (4, "storage")], "healthy trainers were not restarted")
+        self.assertEqual(of_type(ev, "failure_observed"), [])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        joined = of_type(ev, "node_joined")
+        self.assertEqual(len(joined), 4, joined)
+        # Ranks of the scaled layout: the server stays at 0, the new one is 1, the workers moved up.
+        ranks = {j["name"]: (j["slot"] + 1 if j["slot"] > 0 else 0) for j in joined[:3]}
+        ranks[joined[3]["name"]] = 1
+        for name, rank in ranks.items():
+            with open(os.path.join(run.run_dir, "nodes", name, "r1-stdout.log")) as f:
+                self.assertIn(f"rank {rank} (", f.read())
+
     def test_the_api_wants_the_token_and_bounds_bodies(self):
         run = LiveRun(self, spec(total_steps=100000, step_time="1s"))
         proc = subprocess.Popen([GOODPUT, "master", run.job_path, "--run-dir", run.run_dir, "--quiet"],
