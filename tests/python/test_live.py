@@ -340,6 +340,10 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
         self.assertIn("released: the ps group shrank (world 4 -> 3 nodes): operator: 1 servers",
                       run.explain(second["name"]))
+        # The simulator replays the log's failures, not operators' requests, and says so.
+        replay = subprocess.run([GOODPUT, "replay", "--from-log", run.db], capture_output=True, text=True, timeout=60)
+        self.assertEqual(replay.returncode, 0, replay.stderr)
+        self.assertIn("2 operator request(s) in the log (goodput scale, goodput check) are not replayed", replay.stderr)
 
         names = {j["node"]: j["name"] for j in joined}
         workers = [names[j["node"]] for j in joined if j["replica_type"] == "worker"]
