@@ -71,15 +71,15 @@ int cmd_replay(const std::string& trace_path, const std::string& policy_path, ui
   if (trace_path.empty() == from_log.empty()) throw BadInput("replay needs a TRACE or --from-log EVENTS.db (one of them)");
   const Trace trace = from_log.empty() ? load_trace(trace_path) : [&] {
     SqliteStore log(from_log, SqliteStore::Mode::OpenReadOnly);
-    // Operators' requests are not failures: a trace has no place for them, so say what is left out.
-    int64_t requests = 0;
+    // A node check is not a failure and a trace has no place for it: say what is left out.
+    int64_t checks = 0;
     log.for_each([&](const Event& e) {
       const auto* check = std::get_if<CheckRequested>(&e.payload);
-      requests += std::holds_alternative<ScaleRequested>(e.payload) || (check && !check->waiting);
+      checks += check && !check->waiting;
     });
-    if (requests > 0)
-      std::cerr << "goodput: note: " << requests << " operator request(s) in the log (goodput scale, goodput check) "
-                << "are not replayed: the replay keeps the job's first layout and checks nothing\n";
+    if (checks > 0)
+      std::cerr << "goodput: note: " << checks << " node check(s) an operator asked for (goodput check) are not "
+                << "replayed\n";
     return trace_from_log(log, from_log);
   }();
   PolicySet policy = policy_from(policy_path);

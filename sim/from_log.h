@@ -6,7 +6,7 @@
 
 namespace goodput {
 
-// Failures at the times progress stopped, slowdowns, machines (the first world's nodes as n0..,
+// Failures at the times progress stopped, slowdowns, operators' scale requests, machines (the first world's nodes as n0..,
 // later ones as spares) and a cost model of medians measured in the log. Throws TraceError.
 Trace trace_from_log(const EventStore& log, const std::string& name);
 

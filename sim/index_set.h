@@ -19,6 +19,10 @@ class IndexSet {
     w |= bit;
     first_word_ = std::min(first_word_, static_cast<size_t>(i) >> 6);
   }
+  // Room for indices below `capacity` (never shrinks).
+  void reserve(int32_t capacity) {
+    words_.resize(std::max(words_.size(), (static_cast<size_t>(capacity) + 63) / 64), 0);
+  }
   void erase(int32_t i) {
     uint64_t& w = words_[static_cast<size_t>(i) >> 6];
     const uint64_t bit = uint64_t{1} << (i & 63);

@@ -20,6 +20,7 @@ Simulator::Simulator(const Trace& trace, PolicySet policies, SimOptions options,
   if (generate && trace.rates.empty())
     throw TraceError(trace.path + ": --resample needs 'failure_rates' in the trace header");
   events_ = generate ? generate_failures(trace, options_.seed) : trace.events;
+  target_ = trace.cluster.nodes;
   for (int32_t m = 0; m < trace.machines(); ++m) free_.insert(m);
 }
 
@@ -83,17 +84,17 @@ int32_t Simulator::slowdown_max() const {
 int64_t Simulator::work_now() const {
   if (!training_) return seg_work_;
   const Duration dt = std::max<Duration>(0, clock_.now() - seg_time_ - saves_done_ * costs_.save(plan_.tier));
-  int64_t w = seg_work_ + (world_ >= trace_.cluster.nodes && slowdown_ == 1000
+  int64_t w = seg_work_ + (world_ >= target_ && slowdown_ == 1000
                                ? dt
                                : static_cast<int64_t>(static_cast<__int128>(dt) * world_ * 1000 /
-                                                      (static_cast<__int128>(trace_.cluster.nodes) * slowdown_)));
+                                                      (static_cast<__int128>(target_) * slowdown_)));
   if (next_checkpoint_step_ > 0) w = std::min(w, next_checkpoint_step_ * trace_.job.step_time);  // blocked in a save
   return w;
 }
 
 Duration Simulator::wall_for(int64_t work) const {
-  if (world_ >= trace_.cluster.nodes && slowdown_ == 1000) return work;  // full speed: no 128-bit division
-  const __int128 num = static_cast<__int128>(work) * trace_.cluster.nodes * slowdown_;
+  if (world_ >= target_ && slowdown_ == 1000) return work;  // full speed: no 128-bit division
+  const __int128 num = static_cast<__int128>(work) * target_ * slowdown_;
   const __int128 den = static_cast<__int128>(std::max(world_, 1)) * 1000;
   return static_cast<Duration>((num + den - 1) / den);
 }
@@ -307,7 +308,52 @@ void Simulator::release_slot(int32_t s) {
   waiting_.insert(s);
 }
 
+void Simulator::resize_world(int32_t delta) {
+  // The job stops (ranks move); the restart that follows waits for the new slots' machines.
+  stop_training();
+  paused_ = false;
+  ++restart_gen_;
+  const int32_t n = static_cast<int32_t>(slots_.size());
+  const int32_t size = std::max(1, n + delta);
+  target_ = size;
+  for (int32_t s = n - 1; s >= size; --s) {  // released: back to the pool, or on to its repair
+    for (int32_t m = 0; m < static_cast<int32_t>(machines_.size()); ++m) {
+      Machine& mach = machines_[m];
+      if (mach.slot != s) continue;
+      down_in_job_.erase(m);
+      if (mach.state != MachineState::Down) {
+        slowed_ -= mach.slowdown_permille > 1000;
+        mach.slowdown_permille = 1000;
+        mach.state = MachineState::Free;
+        ++mach.gen;  // a join on its way is off
+        free_.insert(m);
+      }
+      mach.slot = -1;
+    }
+    waiting_.erase(s);
+    std::erase(short_of_memory_, s);
+  }
+  slots_.resize(static_cast<size_t>(size));
+  waiting_.reserve(size);
+  for (int32_t s = n; s < size; ++s) {
+    slots_[s].waiting = true;
+    waiting_.insert(s);
+  }
+  try_fill();
+}
+
 void Simulator::on_trace_event(const TraceEvent& e) {
+  if (e.type == TraceEventType::Scale) {
+    // An operator's request, as the live master makes it: a smaller world gives up its highest slots.
+    const int32_t n = static_cast<int32_t>(slots_.size());
+    const int64_t target = int64_t{n} + e.to - e.from;
+    if (e.to == e.from || target < 1 || target > 1'000'000) return;
+    ScaleRequested r{e.group, e.from, e.to, {}, e.reason.empty() ? "requested by an operator" : e.reason};
+    for (int32_t s = n - 1; s >= target; --s)
+      if (slots_[s].machine >= 0) r.release.push_back(slots_[s].machine);
+    master_.observe(std::move(r));
+    return;
+  }
   int32_t m = e.node;
   if (e.rank >= 0) {
     m = slots_[e.rank].machine;
@@ -541,6 +587,8 @@ void Simulator::execute(const Event& d) {
             machine_down(p.node, 0);
           release_slot(s);
           try_fill();
+        } else if constexpr (std::is_same_v<T, ScaleDecided>) {
+          if (!p.group.empty()) resize_world(p.to - p.from);
         } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
           plan_ = p;
           reanchor();

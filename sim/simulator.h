@@ -65,6 +65,7 @@ class Simulator final : public Backend {
   void fault(int32_t m, const TraceEvent& e);
   void machine_down(int32_t m, Duration repair);
   void release_slot(int32_t slot);
+  void resize_world(int32_t delta);  // an operator's scale: slots added at the end or taken from it
   void try_fill();
   void stop_training();
   void start_training(int64_t step);
@@ -111,6 +112,7 @@ class Simulator final : public Backend {
   Time seg_time_ = 0;
   int64_t seg_work_ = 0;  // ns of full-speed work done at seg_time_ (step = work / step_time)
   int32_t world_ = 0;
+  int32_t target_ = 0;  // the full world: the trace's nodes, changed by scale requests
   int32_t slowdown_ = 1000;
   uint64_t train_gen_ = 0;
   uint64_t restart_gen_ = 0;

@@ -12,8 +12,8 @@
 namespace goodput {
 namespace {
 
-constexpr std::array<std::string_view, 7> kTypes = {"node_failure", "process_crash", "hang",  "slowdown",
-                                                    "maintenance",  "node_return",   "pause"};
+constexpr std::array<std::string_view, 8> kTypes = {"node_failure", "process_crash", "hang",  "slowdown",
+                                                    "maintenance",  "node_return",   "pause", "scale"};
 
 std::optional<TraceEventType> type_from(std::string_view s) {
   for (size_t i = 0; i < kTypes.size(); ++i)
@@ -59,7 +59,7 @@ FailureRate read_rate(ConfigReader& r) {
   FailureRate f;
   const std::string type = r.text("type", "");
   auto t = type_from(type);
-  if (!t || *t == TraceEventType::Slowdown || *t == TraceEventType::NodeReturn)
+  if (!t || *t == TraceEventType::Slowdown || *t == TraceEventType::NodeReturn || *t == TraceEventType::Scale)
     r.fail("type", "must be node_failure, process_crash, hang, maintenance or pause");
   f.type = *t;
   f.reason = r.text("reason", "");
@@ -173,6 +173,17 @@ Trace parse_trace(const std::string& text, const std::string& file) {
       auto ty = type_from(type);
       if (!ty) r.fail("type", "is unknown: '" + type + "' (known: " + known_types() + ")");
       e.type = *ty;
+      if (e.type == TraceEventType::Scale) {  // no node: the whole job's layout changes
+        e.group = r.text("group", "");
+        if (e.group.empty()) r.fail("group", "is missing (the replica group scaled: \"ps\" or \"worker\")");
+        if (!r.has("from") || !r.has("to")) r.fail(r.has("from") ? "to" : "from", "is missing (the group's node count)");
+        e.from = static_cast<int32_t>(r.integer("from", 0, 0, 1'000'000));
+        e.to = static_cast<int32_t>(r.integer("to", 1, 1, 1'000'000));
+        e.reason = r.text("reason", "");
+        r.finish();
+        t.events.push_back(std::move(e));
+        continue;
+      }
       const bool by_node = r.has("node"), by_rank = r.has("rank");
       if (by_node == by_rank) r.fail("node", by_node ? "and 'rank' are both given; give one" : "is missing (give 'node' or 'rank')");
       if (by_node) {
@@ -261,6 +272,14 @@ std::string write_trace(const Trace& t) {
     // Seconds with ns precision, written exactly.
     j["t"] = nlohmann::ordered_json::parse(format_seconds(e.t));
     j["type"] = to_string(e.type);
+    if (e.type == TraceEventType::Scale) {
+      j["group"] = e.group;
+      j["from"] = e.from;
+      j["to"] = e.to;
+      if (!e.reason.empty()) j["reason"] = e.reason;
+      out += j.dump() + "\n";
+      continue;
+    }
     if (e.node >= 0) j["node"] = t.machine_name(e.node);
     else j["rank"] = e.rank;
     if (!e.reason.empty()) j["reason"] = e.reason;

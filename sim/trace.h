@@ -58,7 +58,9 @@ struct JobSpec {
 
 // Pause: the job stops advancing for `duration` and then goes on by itself (a slow collective
 // after a network flap, a storage stall); one longer than the hang timeout is taken for a hang.
-enum class TraceEventType : uint8_t { NodeFailure, ProcessCrash, Hang, Slowdown, Maintenance, NodeReturn, Pause };
+// Scale: not a failure but an operator's request (`goodput scale`): replica group `group` goes
+// from `from` to `to` nodes; the simulator releases the world's highest slots when it shrinks.
+enum class TraceEventType : uint8_t { NodeFailure, ProcessCrash, Hang, Slowdown, Maintenance, NodeReturn, Pause, Scale };
 std::string_view to_string(TraceEventType t);
 
 struct TraceEvent {
@@ -75,6 +77,9 @@ struct TraceEvent {
   // memory limit (1000 = as much); until its slot gets that much, it crashes again after every
   // restart, `duration` into training (default 10 min).
   int32_t memory_needed_permille = 0;
+  std::string group;      // scale: the replica group, and its node count before and after
+  int32_t from = 0;
+  int32_t to = 0;
   int line = 0;           // in the file, for messages
 };
 

@@ -430,3 +430,59 @@ TEST_CASE("a recorded pause replays from the log as the same pause, and costs th
   CHECK(again.loss(Loss::Stall) == recorded.loss(Loss::Stall));
   CHECK(again.productive() == recorded.productive());
 }
+
+TEST_CASE("an operator's scale in a trace grows the world on a spare and shrinks it back, restoring from storage") {
+  // 4 nodes and one spare; at 1000.5 s a fifth node of the "ps" group is asked for, at 3000.5 s
+  // it goes again. Each time the world restarts from the newest persisted checkpoint.
+  const std::string text =
+      R"({"format":"goodput-trace","version":1,"name":"s","cluster":{"nodes":4,"spare_nodes":1},)"
+      R"("job":{"duration":"5000s","step_time":"1s","checkpoint_bytes_per_node":2000000000,)"
+      R"("memory_bandwidth_bytes_per_s":10000000000,"storage_bandwidth_bytes_per_s":1000000000}})"
+      "\n"
+      R"({"t":1000.5,"type":"scale","group":"ps","from":1,"to":2,"reason":"more servers"})"
+      "\n"
+      R"({"t":3000.5,"type":"scale","group":"ps","from":2,"to":1})"
+      "\n";
+  const Trace t = parse_trace(text, "s.jsonl");
+  REQUIRE(t.events.size() == 2);
+  CHECK(t.events[0].type == TraceEventType::Scale);
+  CHECK((t.events[0].group == "ps" && t.events[0].from == 1 && t.events[0].to == 2));
+  CHECK(write_trace(parse_trace(write_trace(t), "again")) == write_trace(t));
+
+  MemoryStore log;
+  Simulator sim(t, policy(kFlashEvery100), SimOptions{}, {&log});
+  const JobState& s = sim.run();
+  std::vector<std::tuple<int32_t, int32_t, std::string, size_t>> scales;
+  std::vector<std::pair<int32_t, Tier>> restarts;
+  for (const Event& e : log.events()) {
+    if (const auto* d = std::get_if<ScaleDecided>(&e.payload)) scales.emplace_back(d->from, d->to, d->group, d->released.size());
+    if (const auto* r = std::get_if<RestartJob>(&e.payload)) restarts.emplace_back(r->world_size, r->restore_tier);
+  }
+  CHECK(scales == std::vector<std::tuple<int32_t, int32_t, std::string, size_t>>{{4, 5, "ps", 0}, {5, 4, "ps", 1}});
+  CHECK(restarts == std::vector<std::pair<int32_t, Tier>>{{4, Tier::None}, {5, Tier::Storage}, {4, Tier::Storage}});
+  CHECK(s.target_nodes() == 4);
+  CHECK(s.world_size() == 4);
+  CHECK(s.nodes_held() == 4);
+  CHECK(s.loss(Loss::ReducedCapacity) == 0);  // five of five, then four of four
+  CHECK(s.loss(Loss::Scheduling) == 2 * t.job.node_scheduling);  // the first world, then the spare for the fifth slot
+  CHECK(s.loss(Loss::Recompute) > 0);
+  check_sums(s);
+
+  // A log with the requests in it replays with them, and decides the same.
+  const Trace back = trace_from_log(log, "log");
+  MemoryStore again;
+  Simulator(back, policy(kFlashEvery100), SimOptions{}, {&again}).run();
+  size_t replayed = 0;
+  for (const Event& e : again.events()) replayed += std::holds_alternative<ScaleDecided>(e.payload);
+  CHECK(replayed == 2);
+
+  CHECK_THROWS_WITH(parse_trace(R"({"format":"goodput-trace","version":1,"cluster":{"nodes":4},"job":{"duration":"1h"}})"
+                                "\n"
+                                R"({"t":10,"type":"scale","group":"ps","from":1})",
+                                "q.jsonl"),
+                    doctest::Contains("q.jsonl:2: field 'to' is missing"));
+  CHECK_THROWS_WITH(parse_trace(R"({"format":"goodput-trace","version":1,"cluster":{"nodes":4},"job":{"duration":"1h"},)"
+                                R"("failure_rates":[{"type":"scale","per_node_hour":1}]})",
+                                "r.jsonl"),
+                    doctest::Contains("type"));
+}
