@@ -38,6 +38,10 @@ TEST_CASE("bad trace lines are rejected with file, line and field") {
   CHECK(error_of(R"({"t": 10, "type": "slowdown", "node": "n1"})").find("field 'factor' is missing") != std::string::npos);
   CHECK(error_of(R"({"t": 10, "type": "hang", "node": "n1", "colour": "red"})").find("field 'colour' is not a known setting") != std::string::npos);
   CHECK(error_of(R"({"t": 7200, "type": "hang", "node": "n1"})").find("past the job's duration") != std::string::npos);
+  CHECK(error_of(R"({"t": 10, "type": "scale", "group": "ps", "from": 1})").find("bad.jsonl:2: field 'to' is missing") == 0);
+  CHECK(error_of(R"({"t": 10, "type": "scale", "from": 1, "to": 2})").find("bad.jsonl:2: field 'group' is missing") == 0);
+  CHECK(error_of(R"({"t": 10, "type": "scale", "group": "ps", "from": 1, "to": 0})").find("field 'to' must be between 1") != std::string::npos);
+  CHECK(error_of(R"({"t": 10, "type": "scale", "group": "ps", "from": 1, "to": 2, "node": "n1"})").find("field 'node' is not a known setting") != std::string::npos);
   // Header problems name the header field.
   try {
     parse_trace(R"({"format":"goodput-trace","version":1,"cluster":{"nodes":0},"job":{"duration":"1h"}})", "h.jsonl");
@@ -46,6 +50,10 @@ TEST_CASE("bad trace lines are rejected with file, line and field") {
     CHECK(std::string(e.what()).find("h.jsonl:1: header: field 'cluster.nodes'") == 0);
   }
   CHECK_THROWS_WITH_AS(parse_trace("", "empty.jsonl"), doctest::Contains("empty trace"), TraceError);
+  // An operator's scale is an event, not something that happens at a rate.
+  CHECK_THROWS_WITH_AS(parse_trace(R"({"format":"goodput-trace","version":1,"cluster":{"nodes":4},"job":{"duration":"1h"},)"
+                                   R"("failure_rates":[{"type":"scale","per_node_hour":1}]})", "r.jsonl"),
+                       doctest::Contains("r.jsonl:1: header: field 'failure_rates[0].type' must be node_failure"), TraceError);
   // Found by fuzzing: a number too large for a double is bad input, not an internal error.
   CHECK(error_of(R"({"t": 1e999, "type": "hang", "node": "n1"})").find("bad.jsonl:2: not valid JSON") == 0);
   CHECK_THROWS_WITH_AS(parse_trace(R"({"format":"goodput-trace","version":2})", "v2.jsonl"), doctest::Contains("version"), TraceError);

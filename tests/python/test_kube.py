@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_live import GOODPUT, ROOT, LiveRun, of_type, spec  # noqa: E402
+from test_live import GOODPUT, ROOT, LiveRun, ask_scale, of_type, spec  # noqa: E402
 
 FIXTURES = os.environ.get("GOODPUT_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")) + "/k8s"
 EMULATOR = os.path.join(ROOT, "tests", "emulators", "kube", "kube_emulator.py")
@@ -88,6 +88,16 @@ def kube_spec(emu, **over):
     return spec(job="kubetest", backend=backend, **over)
 
 
+
+
+def kube_ps_spec(emu, **over):
+    """examples/pytorch/train_ps.py with one server (its own pod shape: 256 MiB, 2 CPUs) and two workers."""
+    job = kube_spec(emu, command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
+                                  "--step-seconds", "0.03", "--hidden", "64"],
+                    replicas=[{"type": "ps", "backend": {"memory_mb": 256, "cpu": "2"}},
+                              {"type": "worker", "count": 2}], **over)
+    del job["nodes"]  # it follows from the groups
+    return job
 
 
 def decisions(events):
@@ -173,13 +183,7 @@ class KubeBackendTest(unittest.TestCase):
         # shape; killed for memory, it is relaunched as a server with more memory, and the
         # workers' pods are left as they are.
         emu = Emulator(self)
-        job = kube_spec(emu, total_steps=160,
-                        command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
-                                 "--step-seconds", "0.03", "--hidden", "64"],
-                        replicas=[{"type": "ps", "backend": {"memory_mb": 256, "cpu": "2"}},
-                                  {"type": "worker", "count": 2}])
-        del job["nodes"]
-        run = LiveRun(self, job)
+        run = LiveRun(self, kube_ps_spec(emu, total_steps=160))
 
         def oom():
             run.wait_for_step(40)
@@ -208,25 +212,12 @@ class KubeBackendTest(unittest.TestCase):
         # group shrinks. Both restarts restore from storage and the job completes. (One pod per
         # node here: the fourth node is for the second server.)
         emu = Emulator(self, nodes=4)
-        job = kube_spec(emu, total_steps=200,
-                        command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
-                                 "--step-seconds", "0.03", "--hidden", "64"],
-                        replicas=[{"type": "ps", "backend": {"memory_mb": 256, "cpu": "2"}},
-                                  {"type": "worker", "count": 2}])
-        del job["nodes"]
-        run = LiveRun(self, job)
+        run = LiveRun(self, kube_ps_spec(emu, total_steps=200))
         answers = []
 
         def scale(count, at_step):
             run.wait_for_step(at_step, timeout=180)
-            for _ in range(150):  # 409 while the new server's pod starts
-                r = subprocess.run([GOODPUT, "scale", "ps", str(count), "--master", run.url(),
-                                    "--token-file", os.path.join(run.run_dir, "token")],
-                                   capture_output=True, text=True, timeout=30)
-                if r.returncode != 2 or "not complete" not in r.stderr:
-                    break
-                time.sleep(0.2)
-            answers.append(r)
+            answers.append(ask_scale(run, "ps", count))  # asked again while the new server's pod starts
 
         self.assertEqual(run.run_while(lambda: (scale(2, 60), scale(1, 130)), timeout=300), 0, run.diag())
         self.assertEqual([a.returncode for a in answers], [0, 0], [a.stderr for a in answers])

@@ -152,6 +152,28 @@ class LiveRun:
             return f.read().strip()
 
 
+def ps_spec(**over):
+    """A parameter-server job (examples/pytorch/train_ps.py): one server, two workers."""
+    job = spec(command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
+                        "--step-seconds", "0.03", "--hidden", "64"],
+               replicas=[{"type": "ps", "count": 1}, {"type": "worker", "count": 2}], **over)
+    del job["nodes"]  # it follows from the groups
+    return job
+
+
+def ask_scale(run, group, count, reason=None):
+    """`goodput scale GROUP COUNT` against the run's master, asked again while it answers that the
+    world is not complete (a node joining); returns the finished process."""
+    args = [GOODPUT, "scale", group, str(count), "--master", run.url(),
+            "--token-file", os.path.join(run.run_dir, "token")] + (["--reason", reason] if reason else [])
+    for _ in range(150):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        if r.returncode != 2 or "not complete" not in r.stderr:
+            return r
+        time.sleep(0.2)
+    return r
+
+
 def of_type(events, t):
     return [e["data"] for e in events if e["type"] == t]
 
@@ -273,25 +295,12 @@ class LiveTest(unittest.TestCase):
         # `goodput scale ps 1`: the second server is released and the first reads back the tensors
         # the second owned. Each time the steps done again after the restore have bit-identical
         # losses on both workers (two gradients summed with zeros: the same in any order).
-        job = spec(job="psscale", total_steps=200,
-                   command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
-                            "--step-seconds", "0.03", "--hidden", "64"],
-                   replicas=[{"type": "ps", "count": 1}, {"type": "worker", "count": 2}])
-        del job["nodes"]
-        run = LiveRun(self, job)
+        run = LiveRun(self, ps_spec(job="psscale", total_steps=200))
         answers = []
 
         def scale(count, at_step):
             run.wait_for_step(at_step, timeout=180)
-            token = os.path.join(run.run_dir, "token")
-            for _ in range(150):  # 409 while the world is incomplete (the new server joining)
-                r = subprocess.run([GOODPUT, "scale", "ps", str(count), "--reason", f"operator: {count} servers",
-                                    "--master", run.url(), "--token-file", token],
-                                   capture_output=True, text=True, timeout=30)
-                if r.returncode != 2 or "not complete" not in r.stderr:
-                    break
-                time.sleep(0.2)
-            answers.append(r)
+            answers.append(ask_scale(run, "ps", count, f"operator: {count} servers"))
             with urllib.request.urlopen(run.url() + "/status", timeout=5) as resp:
                 statuses.append(json.loads(resp.read()))
 
@@ -385,9 +394,7 @@ class LiveTest(unittest.TestCase):
 
         def during():
             run.wait_for_step(60)
-            answers.append(subprocess.run([GOODPUT, "scale", "worker", "3", "--master", run.url(),
-                                           "--token-file", os.path.join(run.run_dir, "token")],
-                                          capture_output=True, text=True, timeout=30))
+            answers.append(ask_scale(run, "worker", 3))
 
         self.assertEqual(run.run_while(during), 0, run.diag())
         self.assertEqual(answers[0].returncode, 0, answers[0].stderr)
@@ -841,18 +848,11 @@ class LiveTest(unittest.TestCase):
         # The layout after `goodput scale ps 2` is folded from the log: a master killed (SIGKILL)
         # while the scaled world trains comes back with the second server at slot 1 and the
         # workers at 2 and 3, and leaves the healthy trainers running.
-        job = spec(job="psresume", total_steps=240,
-                   command=["/usr/bin/python3", os.path.join(ROOT, "examples/pytorch/train_ps.py"),
-                            "--step-seconds", "0.03", "--hidden", "64"],
-                   replicas=[{"type": "ps", "count": 1}, {"type": "worker", "count": 2}])
-        del job["nodes"]
-        run = LiveRun(self, job)
+        run = LiveRun(self, ps_spec(job="psresume", total_steps=240))
         proc = run.start()
         try:
             run.wait_for_step(60)
-            r = subprocess.run([GOODPUT, "scale", "ps", "2", "--master", run.url(),
-                                "--token-file", os.path.join(run.run_dir, "token")],
-                               capture_output=True, text=True, timeout=30)
+            r = ask_scale(run, "ps", 2)
             self.assertEqual(r.returncode, 0, r.stderr)
             deadline = time.time() + 120
             while time.time() < deadline:  # the four-node world trains past the checkpoint it restored
