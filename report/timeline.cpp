@@ -44,7 +44,17 @@ void TimelineBuilder::add(const Event& e, const JobState& s) {
                                                        std::to_string(p.restore_step) + " (" +
                                                        std::string(to_string(p.restore_tier)) + ")", 1});
         } else if constexpr (std::is_same_v<T, ScaleDecided>) {
-          markers_.push_back({e.time, "scale", "scale " + std::to_string(p.from) + " -> " + std::to_string(p.to) + ": " + p.reason, 1});
+          markers_.push_back({e.time, "scale",
+                              (p.group.empty() ? "scale " : "scale (" + p.group + ") ") + std::to_string(p.from) + " -> " +
+                                  std::to_string(p.to) + ": " + p.reason,
+                              1});
+          for (NodeId id : p.released) {  // out of the job: its lane ends here
+            NodeLog& n = nodes_[id];
+            if (n.held_since >= 0) n.spans.push_back({n.held_since, e.time, "held"});
+            n.held_since = -1;
+            n.released = true;
+            n.markers.push_back({e.time, "scale", "released: the " + p.group + " group shrank", 1});
+          }
         } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
           markers_.push_back({e.time, p.tier == Tier::Memory ? "checkpoint_memory" : "checkpoint_storage",
                               std::to_string(p.count) + " checkpoint(s) to " + std::string(to_string(p.tier)) +
@@ -119,10 +129,10 @@ Timeline TimelineBuilder::finish(const JobState& s) {
       f.label = std::to_string(f.count) + (m.kind == "persist" ? " persisted" : " checkpoints") + " in this stretch";
     }
   }
-  // Lanes: nodes something happened to (a failure, or a join after the start), most failures first.
+  // Lanes: nodes something happened to (a failure, a join after the start, a release), most failures first.
   std::vector<NodeId> order;
   for (const auto& [id, n] : nodes_)
-    if (n.failures > 0 || (!n.initial && !n.name.empty())) order.push_back(id);
+    if (n.failures > 0 || n.released || (!n.initial && !n.name.empty())) order.push_back(id);
   std::stable_sort(order.begin(), order.end(), [&](NodeId a, NodeId b) { return nodes_.at(a).failures > nodes_.at(b).failures; });
   for (size_t k = 0; k < order.size(); ++k) {
     if (static_cast<int>(k) >= max_lanes_) {

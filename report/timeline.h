@@ -60,6 +60,7 @@ class TimelineBuilder {
     std::string name;
     int32_t failures = 0;
     bool initial = false;
+    bool released = false;  // an operator's scale took it out of the job
     std::vector<Timeline::NodeSpan> spans;
     std::vector<Timeline::Marker> markers;
     Time held_since = -1;

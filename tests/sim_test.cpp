@@ -4,6 +4,7 @@
 
 #include "engine/event_json.h"
 #include "report/report.h"
+#include "report/timeline.h"
 #include "sim/montecarlo.h"
 #include "sim/policy_file.h"
 #include "sim/from_log.h"
@@ -467,6 +468,26 @@ TEST_CASE("an operator's scale in a trace grows the world on a spare and shrinks
   CHECK(s.loss(Loss::Scheduling) == 2 * t.job.node_scheduling);  // the first world, then the spare for the fifth slot
   CHECK(s.loss(Loss::Recompute) > 0);
   check_sums(s);
+
+  // The report's timeline: the released machine's lane ends at the second scale.
+  TimelineBuilder tb;
+  JobState fold;
+  NodeId released = -1;
+  Time released_at = 0;
+  for (const Event& e : log.events()) {
+    fold.apply(e);
+    tb.add(e, fold);
+    if (const auto* d = std::get_if<ScaleDecided>(&e.payload); d && !d->released.empty()) {
+      released = d->released.front();
+      released_at = e.time;
+    }
+  }
+  const Timeline tl = tb.finish(fold);
+  const auto lane = std::find_if(tl.lanes.begin(), tl.lanes.end(), [&](const Timeline::Lane& l) { return l.node == released; });
+  REQUIRE(lane != tl.lanes.end());
+  REQUIRE_FALSE(lane->spans.empty());
+  CHECK(lane->spans.back().end == released_at);
+  CHECK(lane->markers.back().label == "released: the ps group shrank");
 
   // A log with the requests in it replays with them, and decides the same.
   const Trace back = trace_from_log(log, "log");
