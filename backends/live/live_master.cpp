@@ -665,8 +665,12 @@ json LiveMaster::request_scale(const std::string& group, int32_t count, const st
   }
   const int32_t from = g->count;
   observe(std::move(r));
-  return json{{"group", group}, {"from", from}, {"count", count}, {"released", released},
-              {"restore", "the newest checkpoint in storage"}};
+  // What the restart goes back to: the newest checkpoint in storage, or the start when there is none.
+  const CheckpointRef& stored = master_.state().checkpoints().newest_in_storage();
+  json out{{"group", group}, {"from", from}, {"count", count}, {"released", released},
+           {"restore_step", stored.valid ? stored.step : 0}};
+  if (!stored.valid) out["warning"] = "no checkpoint has reached storage yet: the job starts over";
+  return out;
 }
 
 json LiveMaster::request_check(const std::vector<int32_t>& slots, const std::string& fault, const std::string& reason,

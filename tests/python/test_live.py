@@ -340,6 +340,8 @@ class LiveTest(unittest.TestCase):
         restarts = of_type(ev, "restart_job")
         self.assertEqual([(r["world_size"], r["restore_tier"]) for r in restarts],
                          [(3, "none"), (4, "storage"), (3, "storage")], restarts)
+        # Each answer said which step the world would go back to.
+        self.assertEqual([grown["restore_step"], shrunk["restore_step"]], [r["restore_step"] for r in restarts[1:]])
         loaded = of_type(ev, "checkpoint_loaded")
         self.assertEqual([(l["step"], l["tier"]) for l in loaded],
                          [(0, "none")] + [(r["restore_step"], "storage") for r in restarts[1:]])
