@@ -56,7 +56,7 @@ PYBIND11_MODULE(_ckpt, m) {
 
   py::class_<FlashCheckpoint>(m, "FlashCheckpoint")
       .def(py::init([](const std::string& job, int rank, int world_size, const std::string& storage_dir,
-                       const std::string& shm_prefix, int keep, bool peers_share_memory) {
+                       const std::string& shm_prefix, int keep, bool peers_share_memory, bool memory) {
              Options o;
              o.job = job;
              o.rank = rank;
@@ -65,10 +65,12 @@ PYBIND11_MODULE(_ckpt, m) {
              o.shm_prefix = shm_prefix;
              o.keep = keep;
              o.peers_share_memory = peers_share_memory;
+             o.memory = memory;
              return std::make_unique<FlashCheckpoint>(o);
            }),
            py::arg("job"), py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("storage_dir") = "",
-           py::arg("shm_prefix") = "", py::arg("keep") = 3, py::arg("peers_share_memory") = true)
+           py::arg("shm_prefix") = "", py::arg("keep") = 3, py::arg("peers_share_memory") = true,
+           py::arg("memory") = true)
       // buffers: [(name, dtype, shape, data_ptr, nbytes)]; the caller keeps the memory alive.
       .def("save_raw",
            [](FlashCheckpoint& c, int64_t step,

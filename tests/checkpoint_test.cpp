@@ -155,6 +155,27 @@ TEST_CASE("a checkpoint round-trips through memory and through storage bit for b
         std::filesystem::perms::none);
 }
 
+TEST_CASE("a checkpoint object that reads storage only never loads what memory holds for its rank") {
+  // A rank of a new layout reading an old rank's state: memory here has a newer step 9 for that
+  // rank number (saved under another layout), storage has step 7.
+  TempDir dir("ckpt-storage-only");
+  FlashCheckpoint c(opts("so", dir));
+  Cleanup clean{{&c}};
+  c.save(7, State(7).views());
+  c.persist();
+  c.save(9, State(9).views());
+  Options o = c.options();
+  o.memory = false;
+  FlashCheckpoint reader(o);
+  auto newest = reader.load();
+  REQUIRE(newest);
+  CHECK(newest->tier == Tier::Storage);
+  CHECK(newest->manifest.step == 7);
+  check_holds(*newest, 7);
+  CHECK_FALSE(reader.load(9).has_value());  // only in memory: not for this reader
+  CHECK(c.load(9)->tier == Tier::Memory);
+}
+
 TEST_CASE("the agent reserves shared memory ahead: a first save then only copies, and a reserve never harms") {
   TempDir dir("ckpt-reserve");
   FlashCheckpoint c(opts("reserve", dir));

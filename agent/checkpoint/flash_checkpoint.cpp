@@ -697,7 +697,7 @@ std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool ze
   std::vector<Candidate> cands;
   std::vector<std::string> skipped;
   // Memory: this rank's committed objects, if every rank committed that step in its own memory.
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 2 && options_.memory; ++which) {
     const SlotInfo s = peek(shm_name(which));
     if (!s.committed || (want && s.step != *want)) continue;
     bool complete = true;

@@ -117,6 +117,9 @@ struct Options {
   // only when every rank committed it. False (ranks on many hosts): the caller agrees on the step
   // with the other ranks itself (goodput.live does, with a collective) and load(step) trusts it.
   bool peers_share_memory = true;
+  // False: load() reads storage only (a rank of a new layout reading what another rank saved
+  // under the old one: the rank number's shared memory here, if any, is not that state).
+  bool memory = true;
   std::shared_ptr<Storage> storage;  // default: posix_storage()
 };
 

@@ -90,10 +90,13 @@ def _dtype(name):
 
 
 class FlashCheckpoint:
-    def __init__(self, job, rank=0, world_size=1, storage_dir="", shm_prefix="", keep=3, peers_share_memory=True):
+    def __init__(self, job, rank=0, world_size=1, storage_dir="", shm_prefix="", keep=3, peers_share_memory=True,
+                 memory=True):
         """peers_share_memory=False: ranks live on different hosts; load(step) then trusts that the
-        caller agreed on `step` with the other ranks (goodput.live.Session.restore does)."""
-        self._c = _ckpt.FlashCheckpoint(job, rank, world_size, storage_dir, shm_prefix, keep, peers_share_memory)
+        caller agreed on `step` with the other ranks (goodput.live.Session.restore does).
+        memory=False: load() reads storage only (another rank's state, saved under an old layout)."""
+        self._c = _ckpt.FlashCheckpoint(job, rank, world_size, storage_dir, shm_prefix, keep, peers_share_memory,
+                                        memory)
         self.last_save = None
         self.last_load = None
 

@@ -62,7 +62,6 @@ class Session:
         self._relaid = bool(e.get("GOODPUT_RESTORE_REPLICAS"))
         self.restored_replicas = json.loads(e["GOODPUT_RESTORE_REPLICAS"]) if self._relaid else self.replicas
         self._storage_dir = e.get("GOODPUT_STORAGE_DIR", "")
-        self._shm_prefix = e.get("GOODPUT_SHM_PREFIX", "")
         self._master = e.get("GOODPUT_MASTER", "")
         self._token = e.get("GOODPUT_TOKEN", "")
         # An https:// master is verified against GOODPUT_CA_FILE (or the system's trust store).
@@ -168,11 +167,10 @@ class Session:
             first += layout.get(t, 0)
         if self.restore_step <= 0 or not 0 <= index < layout.get(replica_type, 0):
             return None
-        # A checkpoint object of that rank as the old world had it; its shared-memory prefix names
-        # nothing, so it reads the rank's file in storage (this node's memory holds its own old rank
-        # at best, and the rank number may have meant another part when that was saved).
+        # That rank as the old world had it, read from storage only: this node's shared memory holds
+        # its own old rank at best, and the rank number may have meant another part when saved.
         old = FlashCheckpoint(self.job, first + index, sum(layout.values()), storage_dir=self._storage_dir,
-                              shm_prefix=self._shm_prefix + "-relaid", peers_share_memory=False)
+                              peers_share_memory=False, memory=False)
         step, state = old.load(self.restore_step)
         if step is None:
             raise CheckpointError(f"the master restores step {self.restore_step}, but storage has no checkpoint of "
