@@ -289,18 +289,22 @@ void Simulator::machine_down(int32_t m, Duration repair) {
   queue_.push(clock_.now() + (repair > 0 ? repair : trace_.cluster.repair_time), Item{ItemKind::Repaired, m, 0, mach.gen});
 }
 
+void Simulator::let_go(int32_t m) {
+  down_in_job_.erase(m);
+  Machine& mach = machines_[m];
+  if (mach.state != MachineState::Down) {  // back to the pool; a machine that is down goes on to its repair
+    mach.state = MachineState::Free;
+    slowed_ -= mach.slowdown_permille > 1000;
+    mach.slowdown_permille = 1000;
+    free_.insert(m);
+  }
+  mach.slot = -1;
+}
+
 void Simulator::release_slot(int32_t s) {
   Slot& slot = slots_[s];
   if (slot.machine >= 0) {
-    down_in_job_.erase(slot.machine);
-    Machine& mach = machines_[slot.machine];
-    if (mach.state != MachineState::Down) {
-      mach.state = MachineState::Free;
-      slowed_ -= mach.slowdown_permille > 1000;
-      mach.slowdown_permille = 1000;
-      free_.insert(slot.machine);
-    }
-    mach.slot = -1;
+    let_go(slot.machine);
     slot.machine = -1;
   }
   slot.waiting = true;
@@ -316,20 +320,11 @@ void Simulator::resize_world(int32_t delta) {
   const int32_t n = static_cast<int32_t>(slots_.size());
   const int32_t size = std::max(1, n + delta);
   target_ = size;
-  for (int32_t s = n - 1; s >= size; --s) {  // released: back to the pool, or on to its repair
-    for (int32_t m = 0; m < static_cast<int32_t>(machines_.size()); ++m) {
-      Machine& mach = machines_[m];
-      if (mach.slot != s) continue;
-      down_in_job_.erase(m);
-      if (mach.state != MachineState::Down) {
-        slowed_ -= mach.slowdown_permille > 1000;
-        mach.slowdown_permille = 1000;
-        mach.state = MachineState::Free;
-        ++mach.gen;  // a join on its way is off
-        free_.insert(m);
-      }
-      mach.slot = -1;
-    }
+  for (int32_t m = 0; m < static_cast<int32_t>(machines_.size()) && size < n; ++m) {
+    Machine& mach = machines_[m];
+    if (mach.slot >= size) let_go(m);  // in a released slot: a join on its way finds it free and is off
+  }
+  for (int32_t s = size; s < n; ++s) {
     waiting_.erase(s);
     std::erase(short_of_memory_, s);
   }

@@ -64,6 +64,7 @@ class Simulator final : public Backend {
   void on_trace_event(const TraceEvent& e);
   void fault(int32_t m, const TraceEvent& e);
   void machine_down(int32_t m, Duration repair);
+  void let_go(int32_t machine);  // out of its slot: free again, or down until its repair
   void release_slot(int32_t slot);
   void resize_world(int32_t delta);  // an operator's scale: slots added at the end or taken from it
   void try_fill();
