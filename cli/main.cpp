@@ -71,16 +71,12 @@ int cmd_replay(const std::string& trace_path, const std::string& policy_path, ui
   if (trace_path.empty() == from_log.empty()) throw BadInput("replay needs a TRACE or --from-log EVENTS.db (one of them)");
   const Trace trace = from_log.empty() ? load_trace(trace_path) : [&] {
     SqliteStore log(from_log, SqliteStore::Mode::OpenReadOnly);
-    // A node check is not a failure and a trace has no place for it: say what is left out.
     int64_t checks = 0;
-    log.for_each([&](const Event& e) {
-      const auto* check = std::get_if<CheckRequested>(&e.payload);
-      checks += check && !check->waiting;
-    });
+    Trace t = trace_from_log(log, from_log, &checks);
     if (checks > 0)
       std::cerr << "goodput: note: " << checks << " node check(s) an operator asked for (goodput check) are not "
                 << "replayed\n";
-    return trace_from_log(log, from_log);
+    return t;
   }();
   PolicySet policy = policy_from(policy_path);
   policy.name = policy_label(policy, policy_path);

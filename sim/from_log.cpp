@@ -20,7 +20,7 @@ Duration median(std::vector<Duration> v, Duration fallback) {
 
 }  // namespace
 
-Trace trace_from_log(const EventStore& log, const std::string& name) {
+Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* checks_left_out) {
   Trace t;
   t.name = "replay of " + name;
   t.source = "recorded by goodput in " + name;
@@ -43,7 +43,6 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
   };
   std::vector<std::pair<NodeId, TraceEvent>> raw;  // events with log node ids, mapped at the end
   std::map<NodeId, size_t> open_slowdown;           // node -> index in raw of its running slowdown
-  std::vector<TraceEvent> scales;                   // operators' scale requests
 
   log.for_each([&](const Event& e) {
     end = std::max(end, e.time);
@@ -147,6 +146,8 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
               te.reason = p.reason;
               raw.emplace_back(p.node, te);
             }
+          } else if constexpr (std::is_same_v<T, CheckRequested>) {
+            if (checks_left_out && !p.waiting) ++*checks_left_out;
           } else if constexpr (std::is_same_v<T, ScaleRequested>) {
             TraceEvent te;  // the job's, not a node's: no machine to map
             te.t = std::max<Time>(0, e.time - start);
@@ -155,7 +156,7 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
             te.from = std::max(0, p.from);
             te.to = std::max(1, p.to);
             te.reason = p.reason;
-            scales.push_back(te);
+            t.events.push_back(te);
           } else if constexpr (std::is_same_v<T, NodeReturned>) {
             if (auto it = failed_at.find(p.node); it != failed_at.end()) {
               repair.push_back(e.time - it->second);
@@ -176,7 +177,6 @@ Trace trace_from_log(const EventStore& log, const std::string& name) {
     te.node = it->second;
     t.events.push_back(te);
   }
-  t.events.insert(t.events.end(), scales.begin(), scales.end());
   std::stable_sort(t.events.begin(), t.events.end(), [](const TraceEvent& a, const TraceEvent& b) { return a.t < b.t; });
   // Trace times are read to the microsecond.
   for (auto& e : t.events) e.t = e.t / kMicrosecond * kMicrosecond;

@@ -652,6 +652,10 @@ class LiveTest(unittest.TestCase):
         self.assertIn("check requested, to start after the next checkpoint: rehearsal (fault drill: corrupt)", out)
         self.assertIn("checking: rehearsal (fault drill: corrupt)", out)
         self.assertIn("checked (round 1): faulty", out)
+        # A replay of the log has the failures, not the check: it says so.
+        replay = subprocess.run([GOODPUT, "replay", "--from-log", run.db], capture_output=True, text=True, timeout=60)
+        self.assertEqual(replay.returncode, 0, replay.stderr)
+        self.assertIn("1 node check(s) an operator asked for (goodput check) are not replayed", replay.stderr)
 
     def test_a_hang_left_alone_is_reported_with_stacks_and_its_stall_accounted_until_it_moves(self):
         # hang_action "report": the master takes no action on a hang. Slot 1's trainer is stopped
