@@ -76,10 +76,8 @@ def main():
         with torch.no_grad():
             for i in owned:
                 j = i % saved_servers
-                if s.restored_replicas == s.replicas:
-                    states[j] = state
-                elif j not in states:
-                    states[j] = s.load_replica("ps", j)
+                if j not in states:  # this server's own state, or, after a scale, server j's then
+                    states[j] = state if s.restored_replicas == s.replicas else s.load_replica("ps", j)
                 params[i].copy_(states[j]["params"][i])
                 opt.state[params[i]] = {k: v.clone() for k, v in states[j]["optim"][i].items()}
     print(f"rank {s.rank} ({s.replica_type} {s.replica_index}) restart {s.restart}: starting after step {step} "
