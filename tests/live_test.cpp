@@ -11,6 +11,7 @@
 #include "backends/live/live_master.h"
 #include "engine/json_reader.h"
 #include "engine/shard_ledger.h"
+#include "master_harness.h"
 #include "test_util.h"
 
 using namespace goodput;
@@ -188,4 +189,83 @@ TEST_CASE("raw requests are read as the server reads them: requests, refusals an
   const auto partial = parse_request("POST /v1/inject HTTP/1.1\r\nContent-Length: 99\r\n\r\n{");
   CHECK_FALSE(partial.request);
   CHECK_FALSE(partial.refusal);
+}
+
+TEST_CASE("a node that fell silent when the others' collectives broke is blamed, not the ranks it broke") {
+  using nlohmann::json;
+  // Three ranks train. c's machine dies (its agent with it: no more heartbeats); a's and b's
+  // trainers exit with the errors its death causes, well before the backend reports c lost (a
+  // Ray provider sees it on its next poll). The master waits for c instead of blaming a or b.
+  json spec{{"job", "settle"}, {"nodes", 3}, {"command", {"true"}}, {"total_steps", 100},
+            {"heartbeat_timeout", "5s"}, {"hang_timeout", "1h"}};
+  auto start = [](test::Harness& h) {
+    const int32_t a = h.join("a", 7001), b = h.join("b", 7002), c = h.join("c", 7003);
+    h.tick();
+    for (int32_t n : {a, b, c}) REQUIRE(h.beat(n)["action"] == "run");
+    for (int32_t n : {a, b, c})
+      h.post("/v1/heartbeat", json{{"node", n}, {"trainer", {{"restart", 0}, {"phase", "training"}, {"step", 5},
+                                                             {"progress_age_ms", 0},
+                                                             {"loaded", {{"step", 0}, {"tier", "none"}, {"ns", 1}}}}}});
+    h.tick();
+    REQUIRE(h.master->state().phase() == Phase::Training);
+    return std::array<int32_t, 3>{a, b, c};
+  };
+  auto broken = [&](test::Harness& h, int32_t node) {
+    h.post("/v1/exit", json{{"node", node}, {"trainer", {{"restart", 0}, {"phase", "exited"}, {"step", 5},
+                                                         {"exit", {{"code", 1}, {"signal", 0},
+                                                                   {"reason", "gloo: Connection closed by peer"}}}}}});
+  };
+  auto recoveries = [](test::Harness& h) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const json& d : h.events("recovery_decided")) out.emplace_back(d["diagnosis"], d["action"]);
+    return out;
+  };
+
+  SUBCASE("the backend reports the dead node after failure_settle has passed") {
+    test::Harness h(test::Harness::Spec{spec});
+    const auto [a, b, c] = start(h);
+    broken(h, a);
+    broken(h, b);
+    h.tick(kSecond);  // failure_settle (300 ms) is long over; a and b have reported since, c has not
+    h.beat(a);
+    CHECK(h.events("failure_observed").empty());
+    h.provider.losses.push_back({"c", "Job supervisor actor died: the node it ran on is dead."});
+    h.tick();
+    const auto failures = h.events("failure_observed");
+    REQUIRE(failures.size() == 1);
+    CHECK(failures[0]["node"] == c);
+    CHECK(failures[0]["kind"] == "node_lost");
+    CHECK(recoveries(h) == std::vector<std::pair<std::string, std::string>>{{"hardware_error", "relaunch_node"}});
+  }
+  SUBCASE("no backend says so: the heartbeat timeout does") {
+    test::Harness h(test::Harness::Spec{spec});
+    const auto [a, b, c] = start(h);
+    broken(h, a);
+    broken(h, b);
+    for (int i = 0; i < 4; ++i) {
+      h.tick(kSecond);
+      h.beat(a);
+      h.beat(b);
+    }
+    CHECK(h.events("failure_observed").empty());
+    h.tick(2 * kSecond);
+    const auto failures = h.events("failure_observed");
+    REQUIRE(failures.size() == 1);
+    CHECK(failures[0]["node"] == c);
+    CHECK(recoveries(h) == std::vector<std::pair<std::string, std::string>>{{"hardware_error", "relaunch_node"}});
+  }
+  SUBCASE("every rank still heard from: the exit is diagnosed once failure_settle has passed") {
+    test::Harness h(test::Harness::Spec{spec});
+    const auto [a, b, c] = start(h);
+    broken(h, a);
+    h.tick(100 * kMillisecond);
+    h.beat(b);
+    h.beat(c);
+    CHECK(h.events("failure_observed").empty());  // within failure_settle
+    h.tick(300 * kMillisecond);
+    const auto failures = h.events("failure_observed");
+    REQUIRE(failures.size() == 1);
+    CHECK(failures[0]["node"] == a);
+    CHECK(recoveries(h) == std::vector<std::pair<std::string, std::string>>{{"software_error", "restart_process"}});
+  }
 }

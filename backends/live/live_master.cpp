@@ -767,6 +767,17 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
   provider_->launch(*vacant, slot_memory_[*vacant]);
 }
 
+bool LiveMaster::settled(const std::vector<Node*>& world, Time now) const {
+  // failure_settle gathers the exits one failure causes. A rank whose agent has not been heard
+  // from since the first exit may be the cause itself (its machine died and took the agent with
+  // it; the backend or the heartbeat timeout will say so): wait for it, so the ranks its death
+  // broke are not blamed first. A rank still alive reports within a heartbeat interval.
+  if (now < *settle_from_ + spec_.failure_settle) return false;
+  return std::none_of(world.begin(), world.end(), [&](const Node* n) {
+    return !n->trainer.exited && n->last_heartbeat < *settle_from_ && now - n->last_heartbeat <= spec_.heartbeat_timeout;
+  });
+}
+
 void LiveMaster::advance() {
   if (in_advance_) return;
   in_advance_ = true;
@@ -815,7 +826,7 @@ void LiveMaster::advance() {
     for (Node* n : w) {
       const Trainer& t = n->trainer;
       if (t.restart != gen || !t.exited || t.done) continue;
-      if (!settle_until_) settle_until_ = now + spec_.failure_settle;
+      if (!settle_from_) settle_from_ = now;
       auto score = [](const Trainer& x) { return (x.exit_signal != 0 ? 2 : 0) + (x.exit_reason.find("emory") != std::string::npos ? 1 : 0); };
       if (!culprit || score(t) > score(culprit->trainer) ||
           (score(t) == score(culprit->trainer) && t.exited_at < culprit->trainer.exited_at))
@@ -880,9 +891,9 @@ void LiveMaster::advance() {
       }
     }
     if (culprit) {
-      if (kind == FailureKind::ProcessExit && settle_until_ && now < *settle_until_) return;  // tick() comes back
+      if (kind == FailureKind::ProcessExit && settle_from_ && !settled(w, now)) return;  // tick() comes back
       const Trainer& t = culprit->trainer;
-      settle_until_.reset();
+      settle_from_.reset();
       if (kind == FailureKind::Hang)
         observe(FailureObserved{culprit->id, FailureKind::Hang, 0, 0,
                                 "no progress for " + format_duration(now - t.last_progress) + " at step " +
@@ -893,7 +904,7 @@ void LiveMaster::advance() {
                                 std::min(t.exited_at, now)});
       continue;
     }
-    settle_until_.reset();
+    settle_from_.reset();
 
     if (phase == Phase::Restart) {
       if (now >= run_at_ && all([&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 1; })) {

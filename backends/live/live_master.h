@@ -193,6 +193,7 @@ class LiveMaster final : public Backend, public EventSink {
   Node* node(NodeId id);
   std::vector<Node*> world();  // nodes holding slots 0..world-1; empty if a slot is vacant
   void advance();              // turn agreement across the world into observations
+  bool settled(const std::vector<Node*>& world, Time now) const;  // a failure's reports are all in
   void observe(EventPayload p);
   void on_lost(const LostNode& lost, Time now);
   bool detect_stragglers(const std::vector<Node*>& w);
@@ -230,7 +231,7 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t gen_blocking_ns_ = 0;
   int64_t persisted_step_ = -1;
   int64_t saved_step_ = -1;               // newest step a CheckpointSaved in the log names
-  std::optional<Time> settle_until_;      // a failure was seen; diagnose when this passes
+  std::optional<Time> settle_from_;       // a trainer's exit was first seen then; diagnosis waits (settled())
   bool in_advance_ = false;
   bool ticking_ = false;
   bool last_failure_hang_ = false;
