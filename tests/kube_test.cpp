@@ -224,8 +224,9 @@ TEST_CASE("the shipped Kubernetes job spec and the deployment's ConfigMap are va
                                              {"ServiceAccount", 1}});
   for (const json& d : docs) {
     if (d["kind"] == "Role") {
-      // The least rights: its own pods and the token Secret; no update, patch or deletecollection.
-      CHECK(d["rules"][0]["verbs"] == json::array({"create", "delete", "get", "list", "watch"}));
+      // The least rights: its own pods (patch: their rank label follows a scale) and the token
+      // Secret; no update or deletecollection.
+      CHECK(d["rules"][0]["verbs"] == json::array({"create", "delete", "get", "list", "patch", "watch"}));
       CHECK(d["rules"][1]["verbs"] == json::array({"create"}));
     }
     if (d["kind"] == "ConfigMap") {

@@ -217,11 +217,14 @@ int retry_after_ms(const std::string& header, int fallback) {
 }
 }  // namespace
 
-json KubeClient::call(const std::string& method, const std::string& path, const json& body) {
+json KubeClient::call(const std::string& method, const std::string& path, const json& body,
+                      const std::string& content_type) {
   int backoff = 100;
   const std::string text = body.is_null() ? "" : body.dump();
   for (int attempt = 1;; ++attempt) {
-    const auto r = live::http_request(url_, method, path, headers(), text, 10000, &config_.tls);
+    live::Headers h = headers();
+    if (!text.empty()) h.emplace_back("Content-Type", content_type);
+    const auto r = live::http_request(url_, method, path, h, text, 10000, &config_.tls);
     if (r && r->status >= 200 && r->status < 300) {
       const json j = json::parse(r->body, nullptr, false);
       if (j.is_discarded()) throw KubeError(method + " " + path + ": the answer is not JSON", r->status);

@@ -57,7 +57,12 @@ class KubeClient {
   explicit KubeClient(KubeConfig config, int attempts = 6);
 
   // One API call with retries; a non-2xx answer after them is a KubeError from its Status.
-  nlohmann::json call(const std::string& method, const std::string& path, const nlohmann::json& body = nullptr);
+  nlohmann::json call(const std::string& method, const std::string& path, const nlohmann::json& body = nullptr,
+                      const std::string& content_type = "application/json");
+  // A JSON merge patch (RFC 7386) of one object, e.g. {"metadata": {"labels": {"k": "v"}}}.
+  nlohmann::json merge_patch(const std::string& path, const nlohmann::json& patch) {
+    return call("PATCH", path, patch, "application/merge-patch+json");
+  }
 
   struct List {
     std::vector<nlohmann::json> items;

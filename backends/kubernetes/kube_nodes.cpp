@@ -155,6 +155,7 @@ KubeNodes::KubeNodes(KubeNodesOptions options) : o_(std::move(options)), client_
       const auto dash = name.rfind('-');
       if (dash != std::string::npos) counter_ = std::max(counter_, std::atoi(name.c_str() + dash + 1) + 1);
       pods_[name].node = str(field(p, "spec"), "nodeName");
+      pods_[name].rank = str(field(field(p, "metadata"), "labels"), "goodput/rank");
     }
   }
   threads_.emplace_back([this] { commands(); });
@@ -258,7 +259,7 @@ void KubeNodes::launch(int32_t slot, int32_t memory_permille) {
   {
     std::lock_guard lock(mu_);
     const std::string name = pod_name(slot, counter_++);
-    pods_[name];
+    pods_[name].rank = std::to_string(slot);
     queue_.push_back({Command::Create, name, memory_permille, slot});
   }
   cv_.notify_all();
@@ -271,6 +272,17 @@ void KubeNodes::terminate(const std::string& name) {
     if (it == pods_.end()) return;
     it->second.deleting = true;
     queue_.push_back({Command::Delete, name, 0, -1});
+  }
+  cv_.notify_all();
+}
+
+void KubeNodes::ranked(const std::string& name, int32_t rank) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = pods_.find(name);
+    if (it == pods_.end() || it->second.deleting || it->second.ended || it->second.rank == std::to_string(rank)) return;
+    it->second.rank = std::to_string(rank);
+    queue_.push_back({Command::Relabel, name, 0, rank});
   }
   cv_.notify_all();
 }
@@ -411,13 +423,16 @@ void KubeNodes::commands() {
     try {
       if (c.kind == Command::Create) {
         client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(shape, c.name, c.slot, c.memory_permille, avoid));
-      } else {
+      } else if (c.kind == Command::Delete) {
         client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/pods/" + c.name);
+      } else {
+        client_.merge_patch("/api/v1/namespaces/" + ns_ + "/pods/" + c.name,
+                            {{"metadata", {{"labels", {{"goodput/rank", std::to_string(c.slot)}}}}}});
       }
     } catch (const KubeError& e) {
       if (c.kind == Command::Create && e.code == 409) {
         // AlreadyExists: an earlier try that lost its answer created it.
-      } else if (c.kind == Command::Delete && e.code == 404) {
+      } else if (c.kind != Command::Create && e.code == 404) {
         // Already gone.
       } else if (e.code == 0 || e.code == 429 || e.code >= 500) {
         std::cerr << "goodput: kubernetes: " << e.what() << " (will try again)\n";

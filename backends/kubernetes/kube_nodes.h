@@ -70,6 +70,7 @@ class KubeNodes final : public live::NodeProvider {
   void exclude(const std::string& name) override;
   std::vector<StatusObserved> status_changes() override;
   void set_layout(const std::vector<live::ReplicaGroup>& groups) override;
+  void ranked(const std::string& name, int32_t rank) override;  // patches its goodput/rank label
 
   // The pod a launch makes: its name, memory, the nodes it must keep off.
   static nlohmann::json manifest_for(const KubeNodesOptions& o, const std::string& name, int32_t slot,
@@ -82,12 +83,13 @@ class KubeNodes final : public live::NodeProvider {
     bool reported = false;
     bool ended = false;
     std::string status;  // as last logged
+    std::string rank;    // its goodput/rank label: as created, or as last patched
   };
   struct Command {
-    enum { Create, Delete } kind;
+    enum { Create, Delete, Relabel } kind;
     std::string name;
     int32_t memory_permille = 1000;
-    int32_t slot = -1;
+    int32_t slot = -1;  // Create: the slot it is for; Relabel: its rank now
   };
 
   void commands();

@@ -293,7 +293,12 @@ void LiveMaster::place_spares() {
 }
 
 void LiveMaster::execute(const Event& d) {
-  if (std::holds_alternative<RestartJob>(d.payload)) rdzv_port_ = pick_port();
+  if (std::holds_alternative<RestartJob>(d.payload)) {
+    rdzv_port_ = pick_port();
+    if (provider_)
+      for (int32_t s = 0; s < world_; ++s)
+        if (slots_[s] >= 0) provider_->ranked(nodes_[slots_[s]].name, s);
+  }
   if (const auto* sc = std::get_if<ScaleDecided>(&d.payload); sc && !sc->group.empty() && provider_) {
     // append() already laid the slots out anew: let the released machines go, fill the new slots.
     provider_->set_layout(spec_.replicas);

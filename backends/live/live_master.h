@@ -57,6 +57,10 @@ class NodeProvider {
   // An operator scaled a replica group: slots are laid out anew (launch() takes the new slots).
   // Providers that pick a machine shape by slot follow; the others have nothing to do.
   virtual void set_layout(const std::vector<ReplicaGroup>& groups) { (void)groups; }
+  // The node runs as this rank from this restart on (it may not be the slot it was launched for:
+  // a group was scaled, or a spare took a vacant slot). Providers that label machines by rank
+  // follow; the others have nothing to do.
+  virtual void ranked(const std::string& name, int32_t rank) { (void)name, (void)rank; }
 };
 
 // The master's clock: nanoseconds since the job started, from the log's epoch (wall clock, read

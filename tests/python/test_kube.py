@@ -144,6 +144,15 @@ class KubeEmulatorProtocolTest(unittest.TestCase):
         got = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "get", "pod", "probe", "-o", "json"],
                              capture_output=True, text=True, timeout=30)
         self.assertEqual(json.loads(got.stdout)["status"]["phase"], "Failed")
+        # kubectl label sends a PATCH: a label set, one changed (--overwrite), one removed.
+        for args in (["goodput/rank=5"], ["goodput/rank=6", "--overwrite"], ["app-"]):
+            labelled = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "label", "pod", "probe", *args],
+                                      capture_output=True, text=True, timeout=30)
+            self.assertEqual(labelled.returncode, 0, labelled.stderr)
+        self.assertEqual(emu.pods()["probe"]["metadata"]["labels"], {"goodput/rank": "6"})
+        refused = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "label", "pod", "probe", "goodput/rank=7"],
+                                 capture_output=True, text=True, timeout=30)
+        self.assertIn("already has a value (6)", refused.stderr)  # kubectl's own check, from the pod it read
         missing = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "get", "pod", "nope"], capture_output=True,
                                  text=True, timeout=30)
         self.assertIn('pods "nope" not found', missing.stderr)
@@ -207,17 +216,23 @@ class KubeBackendTest(unittest.TestCase):
 
     def test_an_operator_scales_the_parameter_servers_and_pods_follow_the_new_layout(self):
         # `goodput scale ps 2` then `ps 1` on the emulated cluster: the second server's pod gets the
-        # ps group's shape and labels (index 1 at rank 1: the workers moved up, their pods stay as
-        # they are; a pod's labels record the slot it was launched for), and is deleted when the
-        # group shrinks. Both restarts restore from storage and the job completes. (One pod per
-        # node here: the fourth node is for the second server.)
+        # ps group's shape and labels (index 1 at rank 1), the workers move up a rank and their pods'
+        # goodput/rank labels are patched to say so, and the second server's pod is deleted when the
+        # group shrinks (the workers' labels go back). Both restarts restore from storage and the
+        # job completes. (One pod per node here: the fourth node is for the second server.)
         emu = Emulator(self, nodes=4)
         run = LiveRun(self, kube_ps_spec(emu, total_steps=200))
         answers = []
 
+        ranks = []
+
         def scale(count, at_step):
             run.wait_for_step(at_step, timeout=180)
             answers.append(ask_scale(run, "ps", count))  # asked again while the new server's pod starts
+            run.wait_for_step(at_step + 20, timeout=180)  # the new world is training
+            labels = {n: p["metadata"]["labels"]["goodput/rank"] for n, p in emu.pods().items()}
+            first = sorted(of_type(run.events(), "node_joined")[:3], key=lambda j: j["slot"])[1:]  # the workers
+            ranks.append([labels[j["name"]] for j in first])
 
         self.assertEqual(run.run_while(lambda: (scale(2, 60), scale(1, 130)), timeout=300), 0, run.diag())
         self.assertEqual([a.returncode for a in answers], [0, 0], [a.stderr for a in answers])
@@ -237,6 +252,14 @@ class KubeBackendTest(unittest.TestCase):
         deleted = [r["path"].rsplit("/", 1)[-1] for r in emu.ok("GET", "/_emulator/requests") if r["method"] == "DELETE"]
         self.assertIn(second["name"], deleted)
         self.assertEqual(of_type(ev, "scale_decided")[1]["released"], [second["node"]])
+        workers = [j["name"] for j in sorted(of_type(ev, "node_joined")[:3], key=lambda j: j["slot"])[1:]]
+        patches = [r for r in emu.ok("GET", "/_emulator/requests") if r["method"] == "PATCH"]
+        self.assertEqual({r["content_type"] for r in patches}, {"application/merge-patch+json"})
+        self.assertEqual([(r["path"].rsplit("/", 1)[-1], r["body"]) for r in patches],
+                         [(name, {"metadata": {"labels": {"goodput/rank": rank}}})
+                          for name, rank in ((workers[0], "2"), (workers[1], "3"), (workers[0], "1"), (workers[1], "2"))])
+        # While the job ran (its pods are deleted when it ends), the labels read as the ranks.
+        self.assertEqual(ranks, [["2", "3"], ["1", "2"]])
 
     def test_a_node_going_not_ready_loses_its_pods_to_other_nodes(self):
         emu = Emulator(self)

@@ -5,7 +5,10 @@ It speaks the core/v1 REST API the way the apiserver does, in the wire format of
 shared/data/k8s/: PodList/NodeList with metadata.resourceVersion, watches as chunked
 newline-delimited {"type","object"} frames (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR), Status
 objects for errors (404, 409, 410 Expired, 422), and the discovery documents kubectl reads first,
-so the real `kubectl --server=http://127.0.0.1:PORT get pods -w` works against it.
+so the real `kubectl --server=http://127.0.0.1:PORT get pods -w` works against it. A pod's labels
+and annotations can be changed with PATCH (a JSON merge patch, or a strategic merge patch, which
+for these string maps merges the same way), as `kubectl label` does; other pod fields are refused
+as the apiserver refuses them (422).
 
 Pods really run: a created pod is scheduled on a Ready, untainted node that matches its
 nodeSelector and required node affinity (one pod per node), and its container's command + args run
@@ -141,6 +144,44 @@ class Cluster:
             pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
             self.put("pods", "ADDED", pod)
             return 201, pod
+
+    def patch_pod(self, ns, name, patch, content_type):
+        if content_type.split(";")[0].strip() not in ("application/merge-patch+json",
+                                                      "application/strategic-merge-patch+json"):
+            return 415, status(415, "UnsupportedMediaType",
+                               f"the emulator applies merge patches only, not '{content_type}'")
+        if not isinstance(patch, dict):
+            return 400, status(400, "BadRequest", "the patch must be a JSON object")
+        meta = patch.get("metadata") or {}
+        if set(patch) - {"metadata", "kind", "apiVersion"} or not isinstance(meta, dict) or \
+                set(meta) - {"labels", "annotations", "name", "namespace", "resourceVersion"}:
+            return 422, status(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not '
+                                               f'change fields other than labels and annotations here')
+        with self.lock:
+            pod = self.pods.get((ns, name))
+            if pod is None:
+                return 404, status(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
+            if meta.get("resourceVersion") not in (None, pod["metadata"]["resourceVersion"]):
+                return 409, status(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the object '
+                                                    f'has been modified; please apply your changes to the latest '
+                                                    f'version and try again')
+            pod = copy.deepcopy(pod)
+            for key in ("labels", "annotations"):
+                if not isinstance(meta.get(key), (dict, type(None))) or \
+                        any(not isinstance(v, (str, type(None))) for v in (meta.get(key) or {}).values()):
+                    return 400, status(400, "BadRequest", f"metadata.{key} must map names to strings")
+                merged = dict(pod["metadata"].get(key) or {})
+                for k, v in (meta.get(key) or {}).items():  # RFC 7386: null removes the key
+                    if v is None:
+                        merged.pop(k, None)
+                    else:
+                        merged[k] = v
+                if merged:
+                    pod["metadata"][key] = merged
+                else:
+                    pod["metadata"].pop(key, None)
+            self.put("pods", "MODIFIED", pod)
+            return 200, pod
 
     def delete_pod(self, ns, name):
         with self.lock:
@@ -332,6 +373,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.control(method, parts[1] if len(parts) > 1 else "", body or {})
         with c.lock:
             c.requests.append({"method": method, "path": url.path, "query": q, "body": body,
+                               "content_type": self.headers.get("Content-Type"),
                                "authorization": self.headers.get("Authorization"), "time": time.time()})
             fault = next((f for f in c.faults if f["count"] > 0 and f.get("method", method) == method
                           and url.path.startswith(f.get("path", "/api/"))), None)
@@ -362,7 +404,7 @@ class Handler(BaseHTTPRequestHandler):
                 return {"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
                         "verbs": verbs, "shortNames": {"pods": ["po"], "nodes": ["no"]}.get(name, [])}
             return self.reply(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-                res("pods", "Pod", True, ["create", "delete", "get", "list", "watch"]),
+                res("pods", "Pod", True, ["create", "delete", "get", "list", "patch", "watch"]),
                 res("nodes", "Node", False, ["get", "list", "watch"]),
                 res("secrets", "Secret", True, ["create", "get"])]})
         # /api/v1/namespaces/{ns}/{resource}[/{name}] and /api/v1/{nodes,pods}[/{name}]
@@ -398,6 +440,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, obj)
         if resource == "pods" and method == "POST" and name is None and ns:
             return self.reply(*c.create_pod(ns, body))
+        if resource == "pods" and method == "PATCH" and name and ns:
+            return self.reply(*c.patch_pod(ns, name, body, self.headers.get("Content-Type", "")))
         if resource == "pods" and method == "DELETE" and name and ns:
             return self.reply(*c.delete_pod(ns, name))
         return self.reply(405, status(405, "MethodNotAllowed", f"{method} is not supported here"))
@@ -528,6 +572,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self.route("DELETE")
+
+    def do_PATCH(self):
+        self.route("PATCH")
 
 
 def main():
