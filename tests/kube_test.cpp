@@ -66,6 +66,11 @@ TEST_CASE("a pod's status line for the log, from the fixtures' pods") {
   CHECK(kube::pod_status(k8s("ih-pod-imagepullbackoff.yaml")).find("waiting (ImagePullBackOff)") != std::string::npos);
   CHECK(kube::pod_status(k8s("ih-oomkilled-unhealthy.yaml")).find("; oomkilled running, 9 restarts") != std::string::npos);
   CHECK(kube::pod_status(json::object()) == "Unknown");  // nothing known: still a line, never a throw
+  // The scheduler's condition on a pod no node was found for (as the Kubernetes docs show it).
+  const json unschedulable = {{"status", {{"phase", "Pending"}, {"conditions", {{
+      {"type", "PodScheduled"}, {"status", "False"}, {"reason", "Unschedulable"}, {"lastProbeTime", nullptr},
+      {"message", "0/3 nodes are available: 3 Insufficient cpu."}}}}}}};
+  CHECK(kube::pod_status(unschedulable) == "Pending (Unschedulable: 0/3 nodes are available: 3 Insufficient cpu.)");
 }
 
 TEST_CASE("the diagnosis table reads the pod reasons as the simulator's diagnosis kinds") {
@@ -193,7 +198,9 @@ TEST_CASE("a job spec's Kubernetes backend is checked field by field") {
   CHECK(error_of(R"({"type":"kubernetes","image":"i","tolerations":{}})").find("tolerations") != std::string::npos);
   CHECK(error_of(R"({"type":"kubernetes","image":"i","image_pull_policy":"Sometimes"})").find("image_pull_policy") !=
         std::string::npos);
-  CHECK(error_of(R"({"type":"kubernetes","image":"i","memory_mb":512,"gpus":1})") == "no error");
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","pending_timeout":"0s"})") ==
+        "field 'backend.pending_timeout' must be positive");
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","memory_mb":512,"gpus":1,"pending_timeout":"5m"})") == "no error");
 }
 
 TEST_CASE("the shipped Kubernetes job spec and the deployment's ConfigMap are valid job specs") {

@@ -118,10 +118,18 @@ std::optional<std::string> node_trouble(const json& node) {
   return std::nullopt;
 }
 
+std::optional<std::string> unschedulable(const json& pod) {
+  for (const json& c : list(field(pod, "status"), "conditions"))
+    if (str(c, "type") == "PodScheduled" && str(c, "status") == "False")
+      return str(c, "reason", "not scheduled") + (str(c, "message").empty() ? "" : ": " + str(c, "message"));
+  return std::nullopt;
+}
+
 std::string pod_status(const json& pod) {
   const json& status = field(pod, "status");
   std::string s = str(status, "phase", "Unknown");
   if (const std::string why = str(status, "reason"); !why.empty()) s += " (" + why + ")";
+  if (const auto why = unschedulable(pod)) s += " (" + *why + ")";
   if (const std::string node = str(field(pod, "spec"), "nodeName"); !node.empty()) s += " on " + node;
   for (const json& cs : list(status, "containerStatuses")) {
     const json& state = field(cs, "state");
@@ -155,6 +163,7 @@ KubeNodes::KubeNodes(KubeNodesOptions options) : o_(std::move(options)), client_
       const auto dash = name.rfind('-');
       if (dash != std::string::npos) counter_ = std::max(counter_, std::atoi(name.c_str() + dash + 1) + 1);
       pods_[name].node = str(field(p, "spec"), "nodeName");
+      pods_[name].launched = std::chrono::steady_clock::now();  // a pod still unscheduled gets a full pending_timeout
       pods_[name].rank = str(field(field(p, "metadata"), "labels"), "goodput/rank");
     }
   }
@@ -260,6 +269,7 @@ void KubeNodes::launch(int32_t slot, int32_t memory_permille) {
     std::lock_guard lock(mu_);
     const std::string name = pod_name(slot, counter_++);
     pods_[name].rank = std::to_string(slot);
+    pods_[name].launched = std::chrono::steady_clock::now();
     queue_.push_back({Command::Create, name, memory_permille, slot});
   }
   cv_.notify_all();
@@ -336,6 +346,7 @@ void KubeNodes::on_pod(const std::string& type, const json& pod) {
   if (it == pods_.end()) return;  // not one this master launched
   Pod& p = it->second;
   p.node = str(field(pod, "spec"), "nodeName", p.node);
+  p.unschedulable = unschedulable(pod).value_or("");
   if (const std::string st = type == "DELETED" ? "deleted" : pod_status(pod); st != p.status) {
     p.status = st;
     changes_.push_back({"pod", name, st});
@@ -405,6 +416,23 @@ void KubeNodes::watch_loop(const std::string& resource) {
   }
 }
 
+void KubeNodes::give_up_unscheduled() {
+  // A pod no node was found for (every node busy, or none matches its shape): given up, so the
+  // slot is reported waiting (an elastic policy may go on without it) and another is created.
+  // A pod that is scheduled but slow to start (an image pull) is not given up.
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [name, p] : pods_) {
+    if (!p.node.empty() || p.deleting || p.reported || p.ended ||
+        now - p.launched < std::chrono::nanoseconds(o_.spec.pending_timeout))
+      continue;
+    report(name, p, "pod " + name + " was not scheduled within " + format_duration(o_.spec.pending_timeout) +
+                        (p.unschedulable.empty() ? "" : " (" + p.unschedulable + ")"),
+           false);
+    p.deleting = true;
+    queue_.push_back({Command::Delete, name, 0, -1});
+  }
+}
+
 void KubeNodes::commands() {
   while (true) {
     Command c;
@@ -412,7 +440,11 @@ void KubeNodes::commands() {
     KubeNodesOptions shape;  // for a Create: copied under the lock, as set_layout() may change the groups
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return quit_ || !queue_.empty(); });
+      give_up_unscheduled();
+      while (!quit_ && queue_.empty()) {
+        cv_.wait_for(lock, std::chrono::seconds(1));
+        give_up_unscheduled();
+      }
       if (quit_) return;
       c = queue_.front();
       if (c.kind == Command::Create) shape = o_;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -84,6 +85,8 @@ class KubeNodes final : public live::NodeProvider {
     bool ended = false;
     std::string status;  // as last logged
     std::string rank;    // its goodput/rank label: as created, or as last patched
+    std::chrono::steady_clock::time_point launched;  // asked for then (or adopted then)
+    std::string unschedulable;  // why the scheduler has not placed it yet, as it says
   };
   struct Command {
     enum { Create, Delete, Relabel } kind;
@@ -97,6 +100,7 @@ class KubeNodes final : public live::NodeProvider {
   void on_pod(const std::string& type, const nlohmann::json& pod);
   void on_node(const std::string& type, const nlohmann::json& node);
   void report(const std::string& name, Pod& p, std::string reason, bool fatal);
+  void give_up_unscheduled();  // under mu_
   std::string pod_name(int32_t slot, int n) const;
 
   KubeNodesOptions o_;

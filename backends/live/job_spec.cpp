@@ -106,6 +106,8 @@ KubeBackendSpec kube_backend_from_json(const nlohmann::json& j, const std::strin
         r.fail(key, "must be a list of Kubernetes objects");
       *out = *v;
     }
+  b.pending_timeout = r.duration("pending_timeout", b.pending_timeout);
+  if (b.pending_timeout <= 0) r.fail("pending_timeout", "must be positive");
   r.finish();
   return b;
 }

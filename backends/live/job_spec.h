@@ -50,6 +50,7 @@ struct KubeBackendSpec {
   std::string working_dir;  // the container's working directory; empty: the image's
   nlohmann::json volumes = nlohmann::json::array();        // pod volumes (e.g. the checkpoint storage's PVC)
   nlohmann::json volume_mounts = nlohmann::json::array();  // where the container mounts them
+  Duration pending_timeout = 120 * kSecond;  // a pod no node was found for by then is given up and created anew
 };
 
 // The pre-flight node check ("node_check"; absent: off). A node is checked once, when it first takes

@@ -755,15 +755,21 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
   // agent that died at start). The vacant slot waits for a spare (NoSpareNode, once per slot: an
   // elastic policy may shrink the world), and the provider is asked for another machine.
   std::cerr << "goodput: node " << lost.name << " was lost before it joined: " << lost.reason << "\n";
-  if (lost.fatal || ++launches_lost_ > kMaxLaunchesLost) {
-    observe(JobFinished{(lost.fatal ? "failed: " : "failed: nodes keep failing before they join: ") + lost.reason,
-                        newest_step()});
+  if (lost.fatal) {
+    observe(JobFinished{"failed: " + lost.reason, newest_step()});
     return;
   }
   std::optional<int32_t> vacant;
   for (int32_t s = 0; s < spec_.nodes && !vacant; ++s)
     if (slots_[s] < 0) vacant = s;
   if (!vacant) return;  // nobody is waiting for this node
+  // Nodes that keep failing before they join, while the world waits for them, fail the job (a
+  // broken image or agent would loop for ever). A slot outside a world that shrank is only a
+  // chance to grow back: the job trains meanwhile, so asking again costs nothing.
+  if (*vacant < world_ && ++launches_lost_ > kMaxLaunchesLost) {
+    observe(JobFinished{"failed: nodes keep failing before they join: " + lost.reason, newest_step()});
+    return;
+  }
   for (int32_t s = 0; s < world_; ++s)
     if (slots_[s] < 0 && waiting_slots_.insert(s).second) {
       observe(NoSpareNode{s, replica_group(spec_.replicas, s).type != "worker"});

@@ -296,6 +296,36 @@ class KubeBackendTest(unittest.TestCase):
                          {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [bad["node"]]})
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
+    def test_no_node_free_for_a_replacement_the_elastic_world_trains_on_without_it(self):
+        # Three pods on three nodes; slot 2's node goes NotReady. Its replacement pod finds no node
+        # (the others run a pod each): the scheduler marks it Unschedulable, and after
+        # pending_timeout it is given up, so the slot is reported waiting and the elastic policy
+        # goes on with two. Pods keep being asked for (a node may come back), and, the world
+        # training meanwhile, however many are given up does not fail the job.
+        emu = Emulator(self, nodes=3)
+        policy = {"recovery": {"policy": "diagnose"}, "checkpoint": {"policy": "flash", "every_steps": 20},
+                  "scaling": {"policy": "elastic", "min_nodes": 2}}
+        run = LiveRun(self, kube_spec(emu, nodes=3, total_steps=400, policy=policy, backend={"pending_timeout": "1s"}))
+
+        def node_down():
+            run.wait_for_step(40)
+            node = emu.pods()[emu.pod_of_slot(run, 2)]["spec"]["nodeName"]
+            emu.ok("POST", "/_emulator/node-down", {"node": node, "form": "false"})
+
+        self.assertEqual(run.run_while(node_down, timeout=300), 0, run.diag())
+        ev = run.events()
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        self.assertEqual(decisions(ev), [("hardware_error", "relaunch_node", 1000)])
+        self.assertEqual(of_type(ev, "no_spare_node"), [{"slot": 2}])
+        self.assertEqual([(d["from"], d["to"]) for d in of_type(ev, "scale_decided")], [(3, 2)])
+        self.assertEqual(of_type(ev, "restart_job")[-1]["world_size"], 2)
+        # The scheduler's word is in the log, and more pods were given up than the five in a row
+        # that fail a job whose world waits for them.
+        unschedulable = {x["name"] for x in of_type(ev, "status_observed")
+                         if x["object"] == "pod" and "(Unschedulable: 0/3 nodes are available" in x["status"]}
+        self.assertGreater(len(unschedulable), 5, unschedulable)
+        self.assertEqual(len(emu.created()), 3 + len(unschedulable))
+
     def test_a_node_that_fails_its_check_is_excluded_from_placement(self):
         # Slot 1's first pod computes wrong products (a bad machine): the check fails it before any
         # trainer starts; its Kubernetes node is kept off for the rest of the job (required node

@@ -202,7 +202,7 @@ class Cluster:
             except OSError:
                 pass
 
-    def fits(self, pod, node):
+    def fits(self, pod, node, ignore_busy=False):
         spec = pod["spec"]
         labels = node["metadata"].get("labels", {})
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
@@ -221,7 +221,7 @@ class Cluster:
                     return False
         busy = any(p["spec"].get("nodeName") == node["metadata"]["name"] and p["status"]["phase"] in ("Pending", "Running")
                    for p in self.pods.values())
-        return not busy
+        return ignore_busy or not busy
 
     def schedule(self):
         with self.lock:
@@ -231,9 +231,23 @@ class Cluster:
                 image = pod["spec"]["containers"][0].get("image", "")
                 node = next((n for n in self.nodes.values() if self.fits(pod, n)), None)
                 if node is None:
+                    # As the scheduler says it: a PodScheduled=False condition, once.
+                    if not any(c["type"] == "PodScheduled" for c in pod["status"].get("conditions", [])):
+                        pod = copy.deepcopy(pod)
+                        busy = sum(1 for n in self.nodes.values() if self.fits(pod, n, ignore_busy=True))
+                        pod["status"]["conditions"] = [{
+                            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "lastProbeTime": None, "lastTransitionTime": now_rfc3339(),
+                            "message": f"0/{len(self.nodes)} nodes are available: {busy} node(s) already run a pod, "
+                                       f"{len(self.nodes) - busy} node(s) were not ready, tainted or did not match "
+                                       f"the pod's node selector or affinity. preemption: 0/{len(self.nodes)} nodes "
+                                       f"are available: {len(self.nodes)} Preemption is not helpful for scheduling."}]
+                        self.put("pods", "MODIFIED", pod)
                     continue
                 pod = copy.deepcopy(pod)
                 pod["spec"]["nodeName"] = node["metadata"]["name"]
+                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                                                "lastTransitionTime": now_rfc3339()}]
                 pod["status"]["hostIP"] = node["status"]["addresses"][0]["address"]
                 c = pod["spec"]["containers"][0]
                 if "does-not-exist" in image:
