@@ -305,7 +305,7 @@ class KubeBackendTest(unittest.TestCase):
         emu = Emulator(self, nodes=3)
         policy = {"recovery": {"policy": "diagnose"}, "checkpoint": {"policy": "flash", "every_steps": 20},
                   "scaling": {"policy": "elastic", "min_nodes": 2}}
-        run = LiveRun(self, kube_spec(emu, nodes=3, total_steps=400, policy=policy, backend={"pending_timeout": "1s"}))
+        run = LiveRun(self, kube_spec(emu, nodes=3, total_steps=500, policy=policy, backend={"pending_timeout": "1500ms"}))
 
         def node_down():
             run.wait_for_step(40)
@@ -324,7 +324,9 @@ class KubeBackendTest(unittest.TestCase):
         unschedulable = {x["name"] for x in of_type(ev, "status_observed")
                          if x["object"] == "pod" and "(Unschedulable: 0/3 nodes are available" in x["status"]}
         self.assertGreater(len(unschedulable), 5, unschedulable)
-        self.assertEqual(len(emu.created()), 3 + len(unschedulable))
+        deleted = {x["name"] for x in of_type(ev, "status_observed") if x["object"] == "pod" and x["status"] == "deleted"}
+        self.assertGreater(len(unschedulable & deleted), 5)  # given up: deleted, and another created
+        self.assertGreaterEqual(len(emu.created()), 3 + len(unschedulable))
 
     def test_a_node_that_fails_its_check_is_excluded_from_placement(self):
         # Slot 1's first pod computes wrong products (a bad machine): the check fails it before any
