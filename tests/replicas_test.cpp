@@ -154,6 +154,39 @@ struct PsHarness : Harness {
 
 }  // namespace
 
+TEST_CASE("a shrunk world asks for the missing machine again, later each time, and never fails for it") {
+  PsHarness h;
+  h.launched_for("p", 0);
+  h.launched_for("w1", 1);
+  h.launched_for("w2", 2);
+  REQUIRE(h.running(0)["action"] == "run");
+  auto launches = [&] { return std::count(h.provider.calls.begin(), h.provider.calls.end(), "launch 2 1000"); };
+  h.provider.losses.push_back({"w2", "node w2 is gone", false});
+  h.tick();
+  h.provider.losses.push_back({"ray-9", "never scheduled", false});
+  h.tick();
+  REQUIRE(h.scales() == std::vector<std::pair<int, int>>{{3, 2}});
+  const auto asked = launches();  // the first, the relaunch, and the first try to grow back at once
+  CHECK(asked == 3);
+  // Each machine asked for dies as it starts: asked for again after 1 s, 2 s, 4 s, ... (never in
+  // a loop), twelve times and more without failing the job, which trains meanwhile.
+  Duration wait = kSecond;
+  for (int i = 0; i < 12; ++i) {
+    h.provider.losses.push_back({"ray-" + std::to_string(10 + i), "agent exited at start", false});
+    h.tick(kMillisecond);  // reported lost
+    h.tick(wait - kMillisecond);
+    CHECK(launches() == asked + i);  // not yet
+    h.tick(kMillisecond);
+    CHECK(launches() == asked + i + 1);
+    wait = std::min<Duration>(wait * 2, 256 * kSecond);
+  }
+  CHECK(h.events("job_finished").empty());
+  CHECK(h.running(0)["world_size"] == 2);
+  // One that comes joins, and the world grows back.
+  h.launched_for("w3", 2);
+  CHECK(h.scales() == std::vector<std::pair<int, int>>{{3, 2}, {2, 3}});
+}
+
 TEST_CASE("every rank is told its replica type, index and command; the world's shape is in the env") {
   PsHarness h;
   const int32_t p = h.launched_for("p", 0), w1 = h.launched_for("w1", 1), w2 = h.launched_for("w2", 2);

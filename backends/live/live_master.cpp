@@ -134,7 +134,7 @@ void LiveMaster::append(const Event& e) {
           n.check_wanted = spec_.node_check.enabled;
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           waiting_slots_.erase(p.slot);
-          launches_lost_ = 0;
+          launches_lost_ = grow_back_lost_ = 0;
           if (slots_seen_.insert(p.slot).second)
             if (const auto f = spec_.node_check.faults.find(p.slot); f != spec_.node_check.faults.end())
               n.check_fault = f->second;
@@ -730,6 +730,15 @@ void LiveMaster::tick() {
   if (provider_) {
     for (StatusObserved& s : provider_->status_changes()) observe(std::move(s));
     for (const LostNode& lost : provider_->lost()) on_lost(lost, now);
+    if (grow_back_at_ && now >= *grow_back_at_ && !finished()) {
+      grow_back_at_.reset();
+      const auto vacant = std::find(slots_.begin(), slots_.end(), NodeId{-1});
+      // Still a slot outside the world (a world slot that fell vacant meanwhile has its own launch).
+      if (vacant != slots_.end() && vacant - slots_.begin() >= world_) {
+        const auto s = static_cast<int32_t>(vacant - slots_.begin());
+        provider_->launch(s, slot_memory_[s]);
+      }
+    }
   }
   for (auto& [id, n] : nodes_)
     if (!n.gone && n.slot >= 0 && n.slot < world_ && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
@@ -763,10 +772,16 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
   for (int32_t s = 0; s < spec_.nodes && !vacant; ++s)
     if (slots_[s] < 0) vacant = s;
   if (!vacant) return;  // nobody is waiting for this node
-  // Nodes that keep failing before they join, while the world waits for them, fail the job (a
-  // broken image or agent would loop for ever). A slot outside a world that shrank is only a
-  // chance to grow back: the job trains meanwhile, so asking again costs nothing.
-  if (*vacant < world_ && ++launches_lost_ > kMaxLaunchesLost) {
+  if (*vacant >= world_) {
+    // Only a chance to grow back (the world shrank without this slot and trains meanwhile): ask
+    // again, never failing the job for it, but later each time (1 s, 2 s, ... up to 256 s), so a
+    // node that dies as it starts does not become a loop of launches. tick() asks.
+    grow_back_at_ = now + (kSecond << std::min(grow_back_lost_++, 8));
+    return;
+  }
+  // Nodes that keep failing before they join while the world waits for them fail the job (a
+  // broken image or agent would loop for ever).
+  if (++launches_lost_ > kMaxLaunchesLost) {
     observe(JobFinished{"failed: nodes keep failing before they join: " + lost.reason, newest_step()});
     return;
   }

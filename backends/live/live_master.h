@@ -244,6 +244,8 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t pause_step_ = 0;                // the newest step any rank had reported when it began
   std::set<int32_t> waiting_slots_;       // vacant slots reported as NoSpareNode
   int32_t launches_lost_ = 0;             // nodes lost before they joined, since one last joined
+  int32_t grow_back_lost_ = 0;            // of those, asked for a slot outside a shrunk world
+  std::optional<Time> grow_back_at_;      // when to ask for such a slot's machine again
   int64_t unauthorized_ = 0;
   int64_t unauthorized_logged_ = 0;       // of those, the ones api_refused events counted
   std::string refused_peer_;              // where the newest came from

@@ -300,12 +300,12 @@ class KubeBackendTest(unittest.TestCase):
         # Three pods on three nodes; slot 2's node goes NotReady. Its replacement pod finds no node
         # (the others run a pod each): the scheduler marks it Unschedulable, and after
         # pending_timeout it is given up, so the slot is reported waiting and the elastic policy
-        # goes on with two. Pods keep being asked for (a node may come back), and, the world
-        # training meanwhile, however many are given up does not fail the job.
+        # goes on with two. Pods keep being asked for (a node may come back; later each time), and,
+        # the world training meanwhile, none of that fails the job.
         emu = Emulator(self, nodes=3)
         policy = {"recovery": {"policy": "diagnose"}, "checkpoint": {"policy": "flash", "every_steps": 20},
                   "scaling": {"policy": "elastic", "min_nodes": 2}}
-        run = LiveRun(self, kube_spec(emu, nodes=3, total_steps=500, policy=policy, backend={"pending_timeout": "1500ms"}))
+        run = LiveRun(self, kube_spec(emu, nodes=3, total_steps=400, policy=policy, backend={"pending_timeout": "1500ms"}))
 
         def node_down():
             run.wait_for_step(40)
@@ -319,13 +319,12 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual(of_type(ev, "no_spare_node"), [{"slot": 2}])
         self.assertEqual([(d["from"], d["to"]) for d in of_type(ev, "scale_decided")], [(3, 2)])
         self.assertEqual(of_type(ev, "restart_job")[-1]["world_size"], 2)
-        # The scheduler's word is in the log, and more pods were given up than the five in a row
-        # that fail a job whose world waits for them.
+        # The scheduler's word is in the log; the pods it could not place were given up (deleted)
+        # and others asked for.
         unschedulable = {x["name"] for x in of_type(ev, "status_observed")
                          if x["object"] == "pod" and "(Unschedulable: 0/3 nodes are available" in x["status"]}
-        self.assertGreater(len(unschedulable), 5, unschedulable)
         deleted = {x["name"] for x in of_type(ev, "status_observed") if x["object"] == "pod" and x["status"] == "deleted"}
-        self.assertGreater(len(unschedulable & deleted), 5)  # given up: deleted, and another created
+        self.assertGreaterEqual(len(unschedulable & deleted), 2, (unschedulable, deleted))
         self.assertGreaterEqual(len(emu.created()), 3 + len(unschedulable))
 
     def test_a_node_that_fails_its_check_is_excluded_from_placement(self):
