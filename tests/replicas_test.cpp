@@ -187,6 +187,34 @@ TEST_CASE("a shrunk world asks for the missing machine again, later each time, a
   CHECK(h.scales() == std::vector<std::pair<int, int>>{{3, 2}, {2, 3}});
 }
 
+TEST_CASE("an operator's growth no machine comes for is undone, and the job goes on as it was") {
+  PsHarness h;
+  const int32_t p = h.launched_for("p", 0), w1 = h.launched_for("w1", 1), w2 = h.launched_for("w2", 2);
+  REQUIRE(h.running(p)["action"] == "run");
+  const json answer = h.post("/v1/scale", json{{"group", "ps"}, {"count", 2}});
+  REQUIRE(answer["from"] == 1);
+  CHECK(h.provider.calls.back() == "launch 1 1000");  // the new server's slot; the workers moved up
+  // Its machine never comes: each one asked for is given up (a Ray job stuck PENDING, an
+  // unschedulable pod). Five are asked for again; the sixth loss undoes the scale.
+  for (int i = 0; i < 6; ++i) {
+    h.provider.losses.push_back({"ray-" + std::to_string(10 + i), "never scheduled", false});
+    h.tick();
+  }
+  CHECK(h.events("job_finished").empty());
+  CHECK(h.scales() == std::vector<std::pair<int, int>>{{3, 4}, {4, 3}});
+  const json undone = h.events("scale_decided").back();
+  CHECK(undone["group"] == "ps");
+  CHECK(undone["reason"].get<std::string>().find("no machine came for the ps group's new slot 1") == 0);
+  CHECK(std::count(h.provider.calls.begin(), h.provider.calls.end(), "launch 1 1000") == 7);  // at the start (a worker then), for the new server, then five more
+  const json a = h.running(w1);
+  REQUIRE(a["action"] == "run");
+  CHECK(a["rank"] == 1);
+  CHECK(a["world_size"] == 3);
+  CHECK(json::parse(a["env"]["GOODPUT_REPLICAS"].get<std::string>()) == json{{"ps", 1}, {"worker", 2}});
+  CHECK(h.running(w2)["rank"] == 2);
+  CHECK(h.running(p)["rank"] == 0);
+}
+
 TEST_CASE("every rank is told its replica type, index and command; the world's shape is in the env") {
   PsHarness h;
   const int32_t p = h.launched_for("p", 0), w1 = h.launched_for("w1", 1), w2 = h.launched_for("w2", 2);

@@ -135,6 +135,11 @@ void LiveMaster::append(const Event& e) {
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           waiting_slots_.erase(p.slot);
           launches_lost_ = grow_back_lost_ = 0;
+          if (p.slot >= 0 && p.slot < spec_.nodes)
+            if (const ReplicaGroup& g = replica_group(spec_.replicas, p.slot); grown_.contains(g.type) &&
+                std::all_of(slots_.begin() + g.first_slot, slots_.begin() + g.first_slot + g.count,
+                            [](NodeId id) { return id >= 0; }))
+              grown_.erase(g.type);  // the growth is complete
           if (slots_seen_.insert(p.slot).second)
             if (const auto f = spec_.node_check.faults.find(p.slot); f != spec_.node_check.faults.end())
               n.check_fault = f->second;
@@ -233,7 +238,10 @@ void LiveMaster::relayout(const ScaleDecided& d) {
   std::vector<ReplicaGroup> groups = spec_.replicas;
   const auto g = std::find_if(groups.begin(), groups.end(), [&](const ReplicaGroup& x) { return x.type == d.group; });
   if (g == groups.end()) return;  // a log from a job with other groups: nothing to move
+  const int32_t before = g->count;
   g->count = static_cast<int32_t>(std::clamp<int64_t>(int64_t{g->count} + d.to - d.from, 0, 1 << 20));
+  if (g->count > before) grown_.try_emplace(g->type, before);  // the count the growth may go back to
+  else if (const auto it = grown_.find(g->type); it != grown_.end() && g->count <= it->second) grown_.erase(it);
   int32_t first = 0;
   for (ReplicaGroup& x : groups) {
     x.first_slot = first;
@@ -267,6 +275,21 @@ void LiveMaster::relayout(const ScaleDecided& d) {
   waiting_slots_ = std::move(waiting);
   world_ = std::clamp(d.to, 0, spec_.nodes);
   place_spares();
+}
+
+bool LiveMaster::undo_growth(int32_t slot, const std::string& why) {
+  const ReplicaGroup& g = replica_group(spec_.replicas, slot);
+  const auto it = grown_.find(g.type);
+  if (it == grown_.end() || slot - g.first_slot < it->second) return false;  // not a slot the growth added
+  ScaleRequested r{g.type, g.count, it->second, {},
+                   "no machine came for the " + g.type + " group's new slot " + std::to_string(slot) + " in " +
+                       std::to_string(kMaxLaunchesLost + 1) + " tries (" + why + "): back to " +
+                       std::to_string(it->second)};
+  for (int32_t i = g.count - 1; i >= it->second; --i)  // the new slots' nodes that did come go too
+    if (const NodeId id = slots_[g.first_slot + i]; id >= 0) r.release.push_back(id);
+  launches_lost_ = 0;
+  observe(std::move(r));
+  return true;
 }
 
 json LiveMaster::layout_of(int64_t step) const {
@@ -780,9 +803,11 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
     return;
   }
   // Nodes that keep failing before they join while the world waits for them fail the job (a
-  // broken image or agent would loop for ever).
+  // broken image or agent would loop for ever), unless the slot is one an operator's scale added:
+  // then the scale is undone and the job goes on as it was.
   if (++launches_lost_ > kMaxLaunchesLost) {
-    observe(JobFinished{"failed: nodes keep failing before they join: " + lost.reason, newest_step()});
+    if (!undo_growth(*vacant, lost.reason))
+      observe(JobFinished{"failed: nodes keep failing before they join: " + lost.reason, newest_step()});
     return;
   }
   for (int32_t s = 0; s < world_; ++s)
