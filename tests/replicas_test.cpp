@@ -4,6 +4,8 @@
 // signals: tests/python/test_live.py; their pods on the Kubernetes emulator: test_kube.py.)
 #include <doctest/doctest.h>
 
+#include <array>
+
 #include "backends/kubernetes/kube_nodes.h"
 #include "engine/json_reader.h"
 #include "master_harness.h"
@@ -141,6 +143,12 @@ struct PsHarness : Harness {
   int32_t launched_for(const std::string& name, int32_t slot) {
     return post("/v1/register", json{{"name", name}, {"slot", slot}})["node"].get<int32_t>();
   }
+  // The server p and the workers w1 and w2 join for their slots, and the world runs.
+  std::array<int32_t, 3> start() {
+    const std::array<int32_t, 3> ids{launched_for("p", 0), launched_for("w1", 1), launched_for("w2", 2)};
+    REQUIRE(running(ids[0])["action"] == "run");
+    return ids;
+  }
   json running(int32_t node) {  // the assignment once the world runs
     tick(10 * kSecond);
     return post("/v1/heartbeat", json{{"node", node}, {"trainer", {{"restart", -1}, {"phase", "none"}}}});
@@ -156,10 +164,7 @@ struct PsHarness : Harness {
 
 TEST_CASE("a shrunk world asks for the missing machine again, later each time, and never fails for it") {
   PsHarness h;
-  h.launched_for("p", 0);
-  h.launched_for("w1", 1);
-  h.launched_for("w2", 2);
-  REQUIRE(h.running(0)["action"] == "run");
+  h.start();
   auto launches = [&] { return std::count(h.provider.calls.begin(), h.provider.calls.end(), "launch 2 1000"); };
   h.provider.losses.push_back({"w2", "node w2 is gone", false});
   h.tick();
@@ -189,8 +194,7 @@ TEST_CASE("a shrunk world asks for the missing machine again, later each time, a
 
 TEST_CASE("an operator's growth no machine comes for is undone, and the job goes on as it was") {
   PsHarness h;
-  const int32_t p = h.launched_for("p", 0), w1 = h.launched_for("w1", 1), w2 = h.launched_for("w2", 2);
-  REQUIRE(h.running(p)["action"] == "run");
+  const auto [p, w1, w2] = h.start();
   const json answer = h.post("/v1/scale", json{{"group", "ps"}, {"count", 2}});
   REQUIRE(answer["from"] == 1);
   CHECK(h.provider.calls.back() == "launch 1 1000");  // the new server's slot; the workers moved up
@@ -259,10 +263,7 @@ TEST_CASE("a node launched as a worker never takes a parameter server's slot") {
 
 TEST_CASE("scaling gives up and takes back workers only; a lost parameter server waits for its replacement") {
   PsHarness h;
-  h.launched_for("p", 0);
-  h.launched_for("w1", 1);
-  h.launched_for("w2", 2);
-  REQUIRE(h.running(0)["action"] == "run");
+  h.start();
   // Worker 2's machine is lost, and the machine launched to replace it never comes: no spare.
   h.provider.losses.push_back({"w2", "node w2 is gone", false});
   h.tick();
