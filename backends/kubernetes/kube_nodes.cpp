@@ -440,10 +440,10 @@ void KubeNodes::commands() {
     KubeNodesOptions shape;  // for a Create: copied under the lock, as set_layout() may change the groups
     {
       std::unique_lock lock(mu_);
-      give_up_unscheduled();
-      while (!quit_ && queue_.empty()) {
-        cv_.wait_for(lock, std::chrono::seconds(1));
+      for (;;) {  // with nothing to do, look for pods to give up every second
         give_up_unscheduled();
+        if (quit_ || !queue_.empty()) break;
+        cv_.wait_for(lock, std::chrono::seconds(1));
       }
       if (quit_) return;
       c = queue_.front();

@@ -135,11 +135,6 @@ void LiveMaster::append(const Event& e) {
           if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
           waiting_slots_.erase(p.slot);
           launches_lost_ = grow_back_lost_ = 0;
-          if (p.slot >= 0 && p.slot < spec_.nodes)
-            if (const ReplicaGroup& g = replica_group(spec_.replicas, p.slot); grown_.contains(g.type) &&
-                std::all_of(slots_.begin() + g.first_slot, slots_.begin() + g.first_slot + g.count,
-                            [](NodeId id) { return id >= 0; }))
-              grown_.erase(g.type);  // the growth is complete
           if (slots_seen_.insert(p.slot).second)
             if (const auto f = spec_.node_check.faults.find(p.slot); f != spec_.node_check.faults.end())
               n.check_fault = f->second;
@@ -755,12 +750,8 @@ void LiveMaster::tick() {
     for (const LostNode& lost : provider_->lost()) on_lost(lost, now);
     if (grow_back_at_ && now >= *grow_back_at_ && !finished()) {
       grow_back_at_.reset();
-      const auto vacant = std::find(slots_.begin(), slots_.end(), NodeId{-1});
       // Still a slot outside the world (a world slot that fell vacant meanwhile has its own launch).
-      if (vacant != slots_.end() && vacant - slots_.begin() >= world_) {
-        const auto s = static_cast<int32_t>(vacant - slots_.begin());
-        provider_->launch(s, slot_memory_[s]);
-      }
+      if (const auto s = first_vacant(); s && *s >= world_) provider_->launch(*s, slot_memory_[*s]);
     }
   }
   for (auto& [id, n] : nodes_)
@@ -791,9 +782,7 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
     observe(JobFinished{"failed: " + lost.reason, newest_step()});
     return;
   }
-  std::optional<int32_t> vacant;
-  for (int32_t s = 0; s < spec_.nodes && !vacant; ++s)
-    if (slots_[s] < 0) vacant = s;
+  const std::optional<int32_t> vacant = first_vacant();
   if (!vacant) return;  // nobody is waiting for this node
   if (*vacant >= world_) {
     // Only a chance to grow back (the world shrank without this slot and trains meanwhile): ask
@@ -816,6 +805,12 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
       break;
     }
   provider_->launch(*vacant, slot_memory_[*vacant]);
+}
+
+std::optional<int32_t> LiveMaster::first_vacant() const {
+  const auto it = std::find(slots_.begin(), slots_.end(), NodeId{-1});
+  if (it == slots_.end()) return std::nullopt;
+  return static_cast<int32_t>(it - slots_.begin());
 }
 
 bool LiveMaster::settled(const std::vector<Node*>& world, Time now) const {

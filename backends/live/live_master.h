@@ -192,6 +192,7 @@ class LiveMaster final : public Backend, public EventSink {
   HttpResponse on_scale(const nlohmann::json& body);
   void relayout(const ScaleDecided& d);  // the fold of a replica group's scale decision
   bool undo_growth(int32_t slot, const std::string& why);  // no machine comes for a grown group's slot
+  std::optional<int32_t> first_vacant() const;             // the lowest slot no node holds
   // The replica counts the checkpoint of `step` was saved under (from the restarts in the log).
   nlohmann::json layout_of(int64_t step) const;
   nlohmann::json assignment(const Node& n) const;
@@ -266,7 +267,7 @@ class LiveMaster final : public Backend, public EventSink {
   // key were saved under its layout (until the next key).
   std::map<int64_t, nlohmann::json> layouts_;
   bool relaid_ = false;  // a replica group was scaled (ranks moved) at some point of the run
-  std::map<std::string, int32_t> grown_;  // a group an operator grew, until its new slots are all held: its count before
+  std::map<std::string, int32_t> grown_;  // a group an operator grew: its count before (until it shrinks to that)
 };
 
 }  // namespace goodput::live
