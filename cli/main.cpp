@@ -346,10 +346,10 @@ int cmd_sweep(const std::string& trace_path, const std::string& policy_path, con
   size_t best = 0;
   for (size_t i = 1; i < rows.size(); ++i)
     if (rows[i].goodput_mean > rows[best].goodput_mean) best = i;
-  const Duration yd_storage = young_daly_interval(trace, Tier::Storage);
-  const Duration yd_memory = young_daly_interval(trace, Tier::Memory);
+  const CheckpointOptimum opt_storage = optimum_checkpoint_interval(trace, Tier::Storage);
+  const CheckpointOptimum opt_memory = optimum_checkpoint_interval(trace, Tier::Memory);
   if (!html.empty()) {
-    // One duration-valued setting: plot goodput against it, with Young/Daly marked for intervals.
+    // One duration-valued setting: plot goodput against it, with Daly's optimum marked for intervals.
     std::optional<SummaryPlot> plot;
     if (sets.size() == 1) {
       auto [path, values] = parse_set(sets[0]);
@@ -361,10 +361,10 @@ int cmd_sweep(const std::string& trace_path, const std::string& policy_path, con
         if (path.find("interval") != std::string::npos) {
           const bool memory = policies.front().config.value("checkpoint", nlohmann::json::object()).value("tier", "") == "memory" ||
                               policies.front().config.value("checkpoint", nlohmann::json::object()).value("policy", "flash") == "flash";
-          const Duration yd = memory ? yd_memory : yd_storage;
+          const Duration yd = (memory ? opt_memory : opt_storage).daly;
           if (yd > 0) {
             p.marker_x = to_seconds(yd);
-            p.marker_label = std::string("Young/Daly ") + (memory ? "(memory) " : "(storage) ") + format_duration(yd);
+            p.marker_label = std::string("Daly optimum ") + (memory ? "(memory) " : "(storage) ") + format_duration(yd);
           }
         }
         plot = p;
@@ -381,14 +381,17 @@ int cmd_sweep(const std::string& trace_path, const std::string& policy_path, con
     j["runs"] = mc.runs;
     for (const auto& s : rows) j["points"].push_back(summary_json(s));
     j["best"] = rows[best].label;
-    j["young_daly_interval_s"] = {{"storage", to_seconds(yd_storage)}, {"memory", to_seconds(yd_memory)}};
+    j["daly_interval_s"] = {{"storage", to_seconds(opt_storage.daly)}, {"memory", to_seconds(opt_memory.daly)}};
+    j["young_interval_s"] = {{"storage", to_seconds(opt_storage.young)}, {"memory", to_seconds(opt_memory.young)}};
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << "Sweep on " << trace_path << " (" << mc.runs << " runs per point from seed " << mc.seed << ")\n"
               << summaries_text(rows, "setting") << "best: " << rows[best].label << "\n";
-    if (yd_storage > 0)
-      std::cout << "Young/Daly interval from the trace's rates: " << format_duration(yd_storage) << " (storage tier), "
-                << format_duration(yd_memory) << " (memory tier)\n";
+    if (opt_storage.daly > 0)
+      std::cout << "Optimum checkpoint interval from the trace's rates (Daly's higher-order formula): "
+                << format_duration(opt_storage.daly) << " (storage tier), " << format_duration(opt_memory.daly)
+                << " (memory tier); Young's first-order sqrt(2 delta M): " << format_duration(opt_storage.young) << ", "
+                << format_duration(opt_memory.young) << "\n";
   }
   return 0;
 }

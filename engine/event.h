@@ -200,6 +200,13 @@ struct ScaleRequested {
 struct JobFinished {
   std::string reason;  // "completed", "horizon", "gave-up", "stopped"
   int64_t step = 0;
+  // The job ended in the middle of a recovery (or while a fault was not yet noticed): the progress
+  // since the checkpoint at (restore_step, restore_tier) was thrown away at the failure, whether
+  // or not its load finished (a fresh start: step 0, Tier::None). The master fills these in from
+  // the restore the recovery chose, or would choose. False: it ended training, nothing taken back.
+  bool in_recovery = false;
+  int64_t restore_step = 0;
+  Tier restore_tier = Tier::None;
 };
 
 // ---- decisions -------------------------------------------------------------------------------------

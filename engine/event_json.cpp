@@ -46,7 +46,10 @@ template <class F> void fields(StallObserved& v, F&& f) {
   f("node", v.node); f("stalled_since_ns", v.stalled_since); f("resumed", v.resumed); f("reason", v.reason);
 }
 template <class F> void fields(ApiRefused& v, F&& f) { f("peer", v.peer); f("count", v.count); f("reason", v.reason); }
-template <class F> void fields(JobFinished& v, F&& f) { f("reason", v.reason); f("step", v.step); }
+template <class F> void fields(JobFinished& v, F&& f) {
+  f("reason", v.reason); f("step", v.step); f.optional("in_recovery", v.in_recovery);
+  f.optional("restore_step", v.restore_step); f.optional("restore_tier", v.restore_tier);
+}
 template <class F> void fields(RecoveryDecided& v, F&& f) {
   f("node", v.node); f("diagnosis", v.diagnosis); f("action", v.action); f("attempt", v.attempt);
   f("backoff_ns", v.backoff); f("memory_permille", v.memory_permille); f("rule", v.rule);

@@ -30,8 +30,19 @@ Event JobMaster::log(EventPayload payload) {
   return e;
 }
 
+JobFinished JobMaster::with_restore(JobFinished f) const {
+  if (!state_.in_recovery() || f.in_recovery) return f;
+  const auto restore = state_.restore_under_way().value_or(
+      state_.checkpoints().best_restore(policies_.recovery->restore_from_memory()));
+  f.in_recovery = true;
+  f.restore_step = restore.step;
+  f.restore_tier = restore.tier;
+  return f;
+}
+
 void JobMaster::observe(EventPayload observation) {
   if (state_.finished()) throw std::logic_error("observation after the job finished");
+  if (auto* f = std::get_if<JobFinished>(&observation)) *f = with_restore(std::move(*f));
   // Every policy sees this observation, whatever was decided before it was asked.
   const Event observed = record(std::move(observation));
   const EventPayload& obs = observed.payload;
@@ -55,8 +66,8 @@ void JobMaster::observe(EventPayload observation) {
       const auto restore = state_.checkpoints().best_restore(policies_.recovery->restore_from_memory());
       decide(RestartJob{state_.world_size(), state_.restart_jobs(), state_.last_backoff(), restore.step, restore.tier});
     }
-  } else if (!state_.finished()) {
-    decide(JobFinished{"gave-up", state_.steps_done()});
+  } else if (!state_.finished() && options_.finish_on_give_up) {
+    decide(with_restore(JobFinished{"gave-up", state_.steps_done()}));
   }
   if (options_.flush_before_acting)
     for (EventSink* s : sinks_) s->flush();

@@ -26,6 +26,10 @@ class JobMaster {
  public:
   struct Options {
     bool flush_before_acting = false;  // live: every decision is durable before the backend acts
+    // A job that gives up ends at once (live). The simulator keeps its clock to the horizon
+    // instead, so the time a given-up job was meant to run is charged (loss gave_up), and giving
+    // up early never looks better than recovering.
+    bool finish_on_give_up = true;
   };
   JobMaster(PolicySet policies, const Clock& clock, Backend& backend, std::vector<EventSink*> sinks, Options options);
   JobMaster(PolicySet policies, const Clock& clock, Backend& backend, std::vector<EventSink*> sinks)
@@ -44,6 +48,8 @@ class JobMaster {
 
  private:
   Event record(EventPayload payload);
+  // A job that ends mid-recovery names the restore it was going back to (see JobFinished).
+  JobFinished with_restore(JobFinished f) const;
 
   PolicySet policies_;
   const Clock& clock_;

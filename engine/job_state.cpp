@@ -7,11 +7,12 @@ namespace goodput {
 
 namespace {
 constexpr std::array<std::string_view, kLossCount> kLossNames = {
-    "detection",       "restart",          "scheduling", "rendezvous", "checkpoint_load",
-    "recompute",       "checkpoint_save",  "reduced_capacity", "slowdown", "idle",
-    "stall"};
-constexpr std::array<std::string_view, 8> kPhaseNames = {"not_started", "scheduling", "idle",     "restart",
-                                                         "rendezvous",  "checkpoint_load", "training", "finished"};
+    "detection",       "restart",         "scheduling",       "rendezvous", "checkpoint_load",
+    "recompute",       "checkpoint_save", "reduced_capacity", "slowdown",   "waiting_for_capacity",
+    "stall",           "gave_up"};
+constexpr std::array<std::string_view, 9> kPhaseNames = {
+    "not_started", "scheduling", "waiting_for_capacity", "restart", "rendezvous",
+    "checkpoint_load", "training", "gave_up", "finished"};
 }  // namespace
 
 std::string_view to_string(Loss l) { return kLossNames[static_cast<size_t>(l)]; }
@@ -27,9 +28,10 @@ Phase JobState::phase() const {
     case Stage::Training: return Phase::Training;
     case Stage::None: break;
   }
-  if (gave_up_) return Phase::Idle;
-  const int32_t vacant = vacant_slots();
-  if (vacant > 0) return waiting_for_spare_ >= vacant ? Phase::Idle : Phase::Scheduling;
+  if (gave_up_) return Phase::GaveUp;
+  // The job waits for its slowest slot: while one has no machine at all, that is the wait (a
+  // placement under way elsewhere would change nothing); otherwise machines are being placed.
+  if (vacant_slots() > 0) return no_machine_.empty() ? Phase::Scheduling : Phase::WaitingForCapacity;
   return Phase::Restart;
 }
 
@@ -40,12 +42,34 @@ Duration JobState::losses_total() const {
 }
 
 double JobState::accelerator_ns_productive() const {
-  return static_cast<double>(progress_) * job_.nodes * job_.accelerators_per_node;
+  double sum = 0;
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    const Duration end = i + 1 < weights_.size() ? weights_[i + 1].progress : progress_;
+    sum += static_cast<double>(end - weights_[i].progress) * static_cast<double>(weights_[i].accelerators);
+  }
+  return sum;
+}
+
+std::optional<CheckpointManager::Restore> JobState::restore_under_way() const {
+  if (stage_ != Stage::Restart && stage_ != Stage::Rendezvous && stage_ != Stage::Load) return std::nullopt;
+  return CheckpointManager::Restore{restart_.restore_step, restart_.restore_tier};
 }
 
 int32_t JobState::failures_of(NodeId n) const {
   const auto it = node_failures_.find(n);
   return it == node_failures_.end() ? 0 : it->second;
+}
+
+int32_t JobState::failures_of_since(NodeId n, Time since) const {
+  const auto it = recent_failures_.find(n);
+  if (it == recent_failures_.end()) return 0;
+  const auto& times = it->second;  // ascending
+  return static_cast<int32_t>(times.end() - std::upper_bound(times.begin(), times.end(), since));
+}
+
+void JobState::take_back_progress(Duration to) {
+  progress_ = std::clamp<Duration>(to, 0, progress_);
+  while (!weights_.empty() && weights_.back().progress >= progress_) weights_.pop_back();
 }
 
 void JobState::set_held(NodeId n, bool held) {
@@ -85,13 +109,18 @@ void JobState::accrue(Time until) {
           full ? dt : static_cast<Duration>(static_cast<__int128>(dt) * std::max(training_world_, 0) / n);
       const Duration kept =
           slowdown_max_ == 1000 ? capacity : static_cast<Duration>(static_cast<__int128>(capacity) * 1000 / slowdown_max_);
+      if (kept > 0) {
+        const int64_t weight = int64_t{n} * job_.accelerators_per_node;
+        if (weights_.empty() || weights_.back().accelerators != weight) weights_.push_back({progress_, weight});
+      }
       progress_ += kept;
       add_loss(Loss::ReducedCapacity, dt - capacity);
       add_loss(Loss::Slowdown, capacity - kept);
       break;
     }
     case Phase::Scheduling: add_loss(Loss::Scheduling, dt); break;
-    case Phase::Idle: add_loss(Loss::Idle, dt); break;
+    case Phase::WaitingForCapacity: add_loss(Loss::CapacityWait, dt); break;
+    case Phase::GaveUp: add_loss(Loss::GaveUp, dt); break;
     case Phase::Restart: add_loss(Loss::Restart, dt); break;
     case Phase::Rendezvous: add_loss(Loss::Rendezvous, dt); break;
     case Phase::CheckpointLoad: add_loss(Loss::CheckpointLoad, dt); break;
@@ -106,7 +135,7 @@ void JobState::stop_credit_at(Time since) {
   // back, so the stall-to-notice time is all the caller's.
   if (since < accrued_to_ && since >= full_speed_since_) {
     const Duration back = accrued_to_ - since;
-    progress_ -= std::min(back, progress_);
+    take_back_progress(progress_ - std::min(back, progress_));
     accel_held_ -= static_cast<double>(back) * held_count_ * job_.accelerators_per_node;
     accrued_to_ = since;
   }
@@ -143,7 +172,12 @@ void JobState::apply(const Event& e) {
           ++failures_;
           ++failures_since_checkpoint_;
           last_failure_kind_ = p.kind;
-          if (p.node >= 0) ++node_failures_[p.node];
+          if (p.node >= 0) {
+            ++node_failures_[p.node];
+            auto& times = recent_failures_[p.node];
+            if (times.size() >= kRecentFailures) times.erase(times.begin());
+            times.push_back(now_);
+          }
           stage_ = Stage::None;
         } else if constexpr (std::is_same_v<T, StallObserved>) {
           if (stage_ == Stage::Training) {
@@ -168,11 +202,15 @@ void JobState::apply(const Event& e) {
           accrue(now_);
           if constexpr (std::is_same_v<T, NodeJoined>) {
             set_held(p.node, true);
-            if (waiting_for_spare_ > 0) --waiting_for_spare_;
+            // A machine for that slot (or, for a spare, for the first slot that has none).
+            if (p.slot >= 0) no_machine_.erase(p.slot);
+            else if (!no_machine_.empty()) no_machine_.erase(no_machine_.begin());
           } else if constexpr (std::is_same_v<T, NodeReturned>) {
-            if (waiting_for_spare_ > 0) --waiting_for_spare_;  // a waiting slot can be placed now
+            // A repaired machine in the free pool goes to the first slot that has none (one that
+            // still holds its slot came back before anyone replaced it: no new capacity).
+            if (!holds(p.node) && !no_machine_.empty()) no_machine_.erase(no_machine_.begin());
           } else if constexpr (std::is_same_v<T, NoSpareNode>) {
-            ++waiting_for_spare_;
+            if (p.slot >= 0) no_machine_.insert(p.slot);
           } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
             if (p.node >= 0) {
               if (p.slowdown_permille > 1000) slowdown_[p.node] = p.slowdown_permille;
@@ -186,12 +224,18 @@ void JobState::apply(const Event& e) {
           } else if constexpr (std::is_same_v<T, CheckpointLoaded>) {
             const Duration target = checkpoints_.progress_of(p.step, p.tier, progress_, job_.step_time);
             add_loss(Loss::Recompute, progress_ - target);
-            progress_ = target;
+            take_back_progress(target);
             stage_ = Stage::Training;
           } else if constexpr (std::is_same_v<T, CheckpointPersisted>) {
             checkpoints_.on_persisted(p.step);
             persisted_ += std::max<int64_t>(p.count, 1);
           } else if constexpr (std::is_same_v<T, JobFinished>) {
+            if (p.in_recovery) {
+              // Progress since the restore point was lost at the failure, loaded or not.
+              const Duration target = checkpoints_.progress_of(p.restore_step, p.restore_tier, progress_, job_.step_time);
+              add_loss(Loss::Recompute, progress_ - target);
+              take_back_progress(target);
+            }
             finished_ = true;
             finish_reason_ = p.reason;
           } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
@@ -205,8 +249,9 @@ void JobState::apply(const Event& e) {
                 checkpoints_.on_memory_lost();
               else checkpoints_.on_memory_persisted_on_exit();
               stage_ = Stage::None;  // a planned replacement (a straggler) stops training too
-            } else if (p.action == RecoveryAction::GiveUp) {
+            } else if (p.action == RecoveryAction::GiveUp && !gave_up_) {
               gave_up_ = true;
+              gave_up_at_ = now_;
             }
           } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
             plan_ = p;
@@ -221,12 +266,14 @@ void JobState::apply(const Event& e) {
               target_nodes_ = static_cast<int32_t>(std::clamp<int64_t>(target, 0, INT32_MAX));
               for (NodeId n : p.released) set_held(n, false);
               checkpoints_.on_memory_lost();
+              // Slots are laid out anew; the backend reports again the ones that still have no machine.
+              no_machine_.clear();
             }
-            waiting_for_spare_ = std::min(waiting_for_spare_, vacant_slots());
             ++scale_changes_;
             stage_ = Stage::None;
           } else if constexpr (std::is_same_v<T, RestartJob>) {
             stage_ = Stage::Restart;
+            restart_ = p;
             training_world_ = p.world_size;
             ++restart_jobs_;
             last_backoff_ = 0;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -20,21 +21,24 @@ namespace goodput {
 enum class Loss : uint8_t {
   Detection,        // the job had stopped but nobody knew yet
   Restart,          // trainer processes starting (and restart backoff)
-  Scheduling,       // waiting for a relaunched node to be placed and up
+  Scheduling,       // a machine is on its way: placed, its node starting up
   Rendezvous,       // workers agreeing on the world
   CheckpointLoad,   // restoring state
   Recompute,        // progress thrown away: training since the checkpoint that was restored
   CheckpointSave,   // training blocked by checkpoint saves
   ReducedCapacity,  // training with fewer nodes than the target world
   Slowdown,         // training slowed by a straggler
-  Idle,             // waiting for a spare node, or after giving up
+  CapacityWait,     // a slot has no machine at all and none is free: waiting for a repair or a spare
   Stall,            // trainers up but not advancing, and nothing done: a pause that passed, a hang left alone
+  GaveUp,           // the job gave up: the rest of the horizon it was meant to run for
 };
-constexpr int kLossCount = 11;
+constexpr int kLossCount = 12;
 std::string_view to_string(Loss l);
 
 // Where the job is; derived from what it has seen.
-enum class Phase : uint8_t { NotStarted, Scheduling, Idle, Restart, Rendezvous, CheckpointLoad, Training, Finished };
+enum class Phase : uint8_t {
+  NotStarted, Scheduling, WaitingForCapacity, Restart, Rendezvous, CheckpointLoad, Training, GaveUp, Finished
+};
 std::string_view to_string(Phase p);
 
 class JobState {
@@ -58,6 +62,9 @@ class JobState {
   int32_t target_nodes() const { return target_nodes_; }
   int32_t nodes_held() const { return held_count_; }         // machines holding a slot
   int32_t vacant_slots() const { return world_size_ > held_count_ ? world_size_ - held_count_ : 0; }
+  // Vacant slots no machine is on its way to (a no_spare_node not yet answered by a join or by a
+  // returned machine).
+  int32_t slots_without_machine() const { return static_cast<int32_t>(no_machine_.size()); }
   bool holds(NodeId n) const { return held_.contains(n); }
   int32_t slowdown_permille() const { return slowdown_max_; }
   // The job must restart its trainers and nobody has asked yet.
@@ -66,10 +73,14 @@ class JobState {
   int32_t restart_jobs() const { return restart_jobs_; }
   int32_t restarts() const { return restart_jobs_ > 0 ? restart_jobs_ - 1 : 0; }
   bool gave_up() const { return gave_up_; }
+  Time gave_up_at() const { return gave_up_at_; }  // when it gave up (if it did)
 
   // ---- failures (for policies) ----
   int32_t failures() const { return failures_; }
   int32_t failures_of(NodeId n) const;
+  // Failures of node n observed after `since` (the newest kRecentFailures of each node are kept).
+  int32_t failures_of_since(NodeId n, Time since) const;
+  static constexpr size_t kRecentFailures = 1024;
   int32_t failures_since_checkpoint() const { return failures_since_checkpoint_; }
   Duration last_backoff() const { return last_backoff_; }
 
@@ -90,9 +101,16 @@ class JobState {
     const int64_t s = job_.step_time > 0 ? progress_ / job_.step_time : 0;
     return job_.total_steps > 0 ? std::min(s, job_.total_steps) : s;
   }
-  // Accelerator-ns held by the job, and accelerator-ns of kept progress.
+  // Accelerator-ns held by the job, and accelerator-ns of kept progress: kept progress weighs the
+  // accelerators of the target world it was made for (an operator's scale changes that weight), so
+  // it never exceeds the accelerator time of the nodes that trained.
   double accelerator_ns_held() const { return accel_held_; }
   double accelerator_ns_productive() const;
+  // The job is between a stop and its next training (a failure, a scale, a check): ending now throws
+  // away the progress since the restore it will take.
+  bool in_recovery() const { return started_ && !finished_ && stage_ != Stage::Training && restart_jobs_ > 0; }
+  // The restore a restart under way has chosen; nothing when none is under way.
+  std::optional<CheckpointManager::Restore> restore_under_way() const;
   int32_t failures_by(Diagnosis d) const { return by_diagnosis_[static_cast<size_t>(d)]; }
   int32_t decisions_by(RecoveryAction a) const { return by_action_[static_cast<size_t>(a)]; }
   int32_t scale_changes() const { return scale_changes_; }
@@ -105,6 +123,7 @@ class JobState {
   void stop_credit_at(Time since);
   void add_loss(Loss l, Duration d) { loss_[static_cast<size_t>(l)] += d; }
   void set_held(NodeId n, bool held);
+  void take_back_progress(Duration to);
   void recompute_slowdown();
 
   JobStarted job_;
@@ -112,6 +131,7 @@ class JobState {
   bool started_ = false;
   bool finished_ = false;
   bool gave_up_ = false;
+  Time gave_up_at_ = 0;
   std::string finish_reason_;
   Time start_ = 0;
   Time now_ = 0;
@@ -125,11 +145,12 @@ class JobState {
   int32_t world_size_ = 0;
   int32_t target_nodes_ = 0;
   int32_t held_count_ = 0;
-  int32_t waiting_for_spare_ = 0;
+  std::set<int32_t> no_machine_;  // slots waiting for capacity
   // Keyed by node id: ids come from logs and traces, so they may be sparse, huge or negative.
   std::set<NodeId> held_;
   std::map<NodeId, int32_t> slowdown_;  // only nodes slower than full speed
   std::map<NodeId, int32_t> node_failures_;
+  std::map<NodeId, std::vector<Time>> recent_failures_;  // per node, the newest kRecentFailures times
   int32_t slowdown_max_ = 1000;
   int32_t training_world_ = 0;
   int32_t restart_jobs_ = 0;
@@ -150,6 +171,14 @@ class JobState {
   Duration progress_ = 0;
   std::array<Duration, kLossCount> loss_{};
   double accel_held_ = 0;
+  // Kept progress by the accelerators it weighs: from `progress` on, each ns of kept progress is
+  // worth `accelerators` accelerator-ns (until the next segment). A handful: one per scale.
+  struct WeightSegment {
+    Duration progress;
+    int64_t accelerators;
+  };
+  std::vector<WeightSegment> weights_;
+  RestartJob restart_;  // the newest restart decided
 };
 
 }  // namespace goodput

@@ -15,16 +15,27 @@ namespace {
 // ---- recovery ------------------------------------------------------------------------------------
 
 struct RecoveryLimits {
-  int32_t max_restarts_per_node = 3;  // software restarts of one node before it is relaunched instead
+  // Software restarts of one node within restart_window (0: the whole job) before it is relaunched
+  // instead. A window, as Kubernetes' crash-loop backoff and torchelastic users expect: three
+  // crashes in a month are bad luck, three in an hour are a bad node.
+  int32_t max_restarts_per_node = 3;
+  Duration restart_window = kHour;
   int32_t max_failures = 10000;       // failures of the whole job before giving up
   Duration backoff_base = 0;          // wait before restart, doubled per failure without a checkpoint since
   Duration backoff_max = 5 * kMinute;
 
   void read(ConfigReader& r) {
-    max_restarts_per_node = static_cast<int32_t>(r.integer("max_restarts_per_node", max_restarts_per_node, 0, 1'000'000));
+    max_restarts_per_node = static_cast<int32_t>(r.integer(
+        "max_restarts_per_node", max_restarts_per_node, 0, static_cast<int64_t>(JobState::kRecentFailures) - 1));
+    restart_window = r.duration("restart_window", restart_window);
+    if (restart_window < 0) r.fail("restart_window", "must not be negative");
     max_failures = static_cast<int32_t>(r.integer("max_failures", max_failures, 1, 100'000'000));
     backoff_base = r.duration("backoff_base", backoff_base);
     backoff_max = r.duration("backoff_max", backoff_max);
+  }
+  // Failures of `node` that count against it now, this one included.
+  int32_t recent_failures(const JobState& s, NodeId node) const {
+    return restart_window > 0 ? s.failures_of_since(node, s.now() - restart_window) : s.failures_of(node);
   }
   Duration backoff(const JobState& s) const {
     if (backoff_base == 0) return 0;
@@ -73,9 +84,11 @@ class DiagnoseRecovery final : public RecoveryPolicy {
     d.action = actions_[static_cast<size_t>(diag.diagnosis)];
     d.attempt = s.failures_of(f.node);
     d.rule = *diag.rule;
-    if (d.action == RecoveryAction::RestartProcess && d.attempt > limits_.max_restarts_per_node) {
+    if (const int32_t recent = limits_.recent_failures(s, f.node);
+        d.action == RecoveryAction::RestartProcess && recent > limits_.max_restarts_per_node) {
       d.action = RecoveryAction::RelaunchNode;
-      d.rule = "escalate: node failed " + std::to_string(d.attempt) + " times";
+      d.rule = "escalate: node failed " + std::to_string(recent) + " times" +
+               (limits_.restart_window > 0 ? " in " + format_duration(limits_.restart_window) : "");
     }
     if (d.action == RecoveryAction::RelaunchWithMoreMemory)
       d.memory_permille = static_cast<int32_t>(std::lround(memory_factor_ * 1000));
@@ -189,8 +202,9 @@ class FixedCheckpoint final : public CheckpointPolicy {
   int64_t every_steps_ = 0;
 };
 
-// Young/Daly: the interval that balances the cost of saving against the work lost to a failure,
-// sqrt(2 * save_cost * MTBF). MTBF is re-estimated from the failures seen so far, starting from a prior.
+// Young/Daly: the interval that balances the cost of saving against the work lost to a failure, by
+// Daly's higher-order formula (daly_interval). MTBF is re-estimated from the failures seen so far,
+// starting from a prior.
 class YoungDalyCheckpoint final : public CheckpointPolicy {
  public:
   explicit YoungDalyCheckpoint(ConfigReader& r) {
@@ -201,16 +215,13 @@ class YoungDalyCheckpoint final : public CheckpointPolicy {
     replan_threshold_ = r.number("replan_threshold", 0.1, 0.0, 10.0);
     if (mtbf_prior_ <= 0) r.fail("mtbf_prior", "must be positive");
   }
-  static Duration interval(Duration save_cost, Duration mtbf) {
-    return static_cast<Duration>(std::sqrt(2.0 * static_cast<double>(save_cost) * static_cast<double>(mtbf)));
-  }
   std::optional<CheckpointPlanSet> plan(const JobState& s, const EventPayload& e) const override {
     const bool start = std::holds_alternative<JobStarted>(e);
     if (!start && !std::holds_alternative<FailureObserved>(e)) return std::nullopt;
     const Duration cost = CheckpointCosts::from(s.job()).save(shape_.tier);
     // The prior counts as one failure observed after mtbf_prior of running.
     const Duration mtbf = (s.wall() + mtbf_prior_) / (s.failures() + 1);
-    const Duration iv = std::clamp(interval(std::max<Duration>(cost, 1), mtbf), min_interval_, max_interval_);
+    const Duration iv = std::clamp(daly_interval(std::max<Duration>(cost, 1), mtbf), min_interval_, max_interval_);
     const int64_t steps = steps_for(iv, s.job().step_time);
     const int64_t current = s.checkpoint_plan().every_steps;
     if (!start && current > 0 &&
@@ -221,7 +232,7 @@ class YoungDalyCheckpoint final : public CheckpointPolicy {
     p.tier = shape_.tier;
     p.persist_every = shape_.persist_every;
     p.reason = "young-daly: save " + format_seconds(cost) + "s, mtbf " + format_duration(mtbf) + " -> every " +
-               format_duration(iv);
+               format_duration(iv) + " (Daly's higher-order optimum)";
     return p;
   }
 
@@ -331,6 +342,19 @@ PolicySet load_policy(const nlohmann::json& config) {
   } catch (const ConfigError& e) {
     throw PolicyError(e.what());
   }
+}
+
+Duration young_interval(Duration save_cost, Duration mtbf) {
+  if (save_cost <= 0 || mtbf <= 0) return 0;
+  return static_cast<Duration>(std::sqrt(2.0 * static_cast<double>(save_cost) * static_cast<double>(mtbf)));
+}
+
+Duration daly_interval(Duration save_cost, Duration mtbf) {
+  if (save_cost <= 0 || mtbf <= 0) return 0;
+  const double d = static_cast<double>(save_cost), m = static_cast<double>(mtbf);
+  if (d >= 2 * m) return mtbf;
+  const double x = d / (2 * m);
+  return static_cast<Duration>(std::sqrt(2 * d * m) * (1 + std::sqrt(x) / 3 + x / 9) - d);
 }
 
 PolicySet default_policy() { return load_policy(nlohmann::json{{"name", "default"}}); }

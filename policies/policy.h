@@ -90,6 +90,14 @@ std::vector<std::string> recovery_policy_names();
 std::vector<std::string> checkpoint_policy_names();
 std::vector<std::string> scaling_policy_names();
 
+// The optimum work between two checkpoints for a save cost delta and a mean time between failures M.
+// Young's first-order estimate, sqrt(2 delta M), is good while delta is small against M. Daly's
+// higher-order one (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for
+// restart dumps", FGCS 22(3), 2006): sqrt(2 delta M) (1 + sqrt(delta / 2M) / 3 + (delta / 2M) / 9) - delta
+// for delta < 2M, else M. At delta = 10 min, M = 2 h: Young 49 min, Daly 42.5 min.
+Duration young_interval(Duration save_cost, Duration mtbf);
+Duration daly_interval(Duration save_cost, Duration mtbf);
+
 // Sets "a.b.c" in a JSON config from a text value ("10m", "3", "true", "flash"); used by sweep --set.
 void set_config_path(nlohmann::json& config, const std::string& dotted_path, const std::string& value);
 

@@ -41,7 +41,8 @@ const char* phase_colour(Phase p) {
   switch (p) {
     case Phase::Training: return "#3a9d5d";
     case Phase::Scheduling: return "#e0a526";
-    case Phase::Idle: return "#9e9e9e";
+    case Phase::WaitingForCapacity: return "#9e9e9e";
+    case Phase::GaveUp: return "#444444";
     case Phase::Restart: return "#e4572e";
     case Phase::Rendezvous: return "#c2448f";
     case Phase::CheckpointLoad: return "#3f7fbf";
@@ -51,7 +52,7 @@ const char* phase_colour(Phase p) {
 const char* loss_colour(int i) {
   static const char* c[kLossCount] = {"#8c564b", "#e4572e", "#e0a526", "#c2448f", "#3f7fbf",
                                       "#d62728", "#17becf", "#bcbd22", "#9467bd", "#9e9e9e",
-                                      "#5d4e8c"};
+                                      "#5d4e8c", "#444444"};
   return c[i];
 }
 
@@ -68,6 +69,7 @@ td:first-child,th:first-child{text-align:left}
 .legend span{margin-right:14px;white-space:nowrap}
 svg text{font:11px system-ui,sans-serif;fill:#444}
 .note{color:#666;font-size:12px}
+.warn{color:#b00020;font-weight:bold}
 </style>)";
 
 std::string head(const std::string& title) {
@@ -121,7 +123,8 @@ void timeline_section(std::ostringstream& o, const Timeline& t, const Report& r)
   const double H = lanesY + laneH * static_cast<double>(t.lanes.size()) + 30;
   int elements = 0;
   o << "<h2>Timeline</h2>\n<div class=\"legend\">";
-  for (Phase p : {Phase::Training, Phase::Scheduling, Phase::Restart, Phase::Rendezvous, Phase::CheckpointLoad, Phase::Idle})
+  for (Phase p : {Phase::Training, Phase::Scheduling, Phase::Restart, Phase::Rendezvous, Phase::CheckpointLoad,
+                  Phase::WaitingForCapacity, Phase::GaveUp})
     o << "<span><span class=\"sw\" style=\"background:" << phase_colour(p) << "\"></span>" << to_string(p) << "</span>";
   o << "<span><span class=\"sw\" style=\"background:#d62728\"></span>failure</span>"
     << "<span><span class=\"sw\" style=\"background:#1f77b4\"></span>checkpoint to memory</span>"
@@ -207,7 +210,12 @@ std::string report_html(const Report& r, const Timeline& t, const std::string& t
   std::ostringstream o;
   o << head(title) << "<h1>" << esc(title) << "</h1>\n<div class=\"sub\">job <b>" << esc(r.job) << "</b>, policy <b>"
     << esc(r.policy) << "</b>, " << r.nodes << " nodes, " << r.accelerators << " accelerators, ended: "
-    << esc(r.end_reason) << "</div>\n<div class=\"cards\">\n";
+    << esc(r.end_reason) << "</div>\n";
+  if (r.gave_up)
+    o << "<p class=\"warn\" id=\"gave-up\">The job gave up after " << esc(format_duration(r.gave_up_after)) << " and "
+      << r.failures << " failures; the remaining " << esc(format_duration(r.wall - r.gave_up_after))
+      << " of its wall time are charged as gave_up.</p>\n";
+  o << "<div class=\"cards\">\n";
   auto card = [&](const char* id, const std::string& text, const std::string& value, const char* label) {
     o << "<div class=\"card\"><div class=\"v\" id=\"" << id << "\" data-value=\"" << value << "\">" << text
       << "</div><div class=\"k\">" << label << "</div></div>\n";
@@ -235,13 +243,14 @@ std::string summaries_html(const std::vector<Summary>& rows, const std::string& 
   std::ostringstream o;
   o << head(title) << "<h1>" << esc(title) << "</h1>\n";
   o << "<table id=\"summaries\"><tr><th>" << esc(first_column) << "</th><th>runs</th><th>goodput</th><th>p5</th><th>p95</th>"
-    << "<th>accelerator-weighted</th><th>failures</th></tr>\n";
+    << "<th>accelerator-weighted</th><th>failures</th><th>gave up</th></tr>\n";
   for (const Summary& s : rows)
     o << "<tr data-label=\"" << esc(s.label) << "\" data-goodput=\"" << exact(s.goodput_mean) << "\" data-p5=\""
-      << exact(s.goodput_p5) << "\" data-p95=\"" << exact(s.goodput_p95) << "\"><td>" << esc(s.label) << "</td><td>"
+      << exact(s.goodput_p5) << "\" data-p95=\"" << exact(s.goodput_p95) << "\" data-gave-up=\"" << exact(s.gave_up_share)
+      << "\"><td>" << esc(s.label) << "</td><td>"
       << s.runs << "</td><td>" << pct(s.goodput_mean) << "</td><td>" << pct(s.goodput_p5) << "</td><td>"
       << pct(s.goodput_p95) << "</td><td>" << pct(s.accelerator_goodput_mean) << "</td><td>" << num(s.failures_mean, 1)
-      << "</td></tr>\n";
+      << "</td><td>" << pct(s.gave_up_share) << "</td></tr>\n";
   o << "</table>\n";
   if (rows.empty()) return o.str() + "</body></html>\n";
   double lo = 1, hi = 0;

@@ -33,6 +33,8 @@ Report make_report(const JobState& s) {
   r.job = s.job().job;
   r.policy = s.job().policy;
   r.end_reason = s.finished() ? s.finish_reason() : "running";
+  r.gave_up = s.gave_up();
+  r.gave_up_after = s.gave_up() ? s.gave_up_at() - s.start_time() : 0;
   r.nodes = s.job().nodes;
   r.accelerators = s.job().nodes * s.job().accelerators_per_node;
   r.wall = s.wall();
@@ -58,6 +60,8 @@ nlohmann::ordered_json report_json(const Report& r) {
   j["job"] = r.job;
   j["policy"] = r.policy;
   j["end"] = r.end_reason;
+  j["gave_up"] = r.gave_up;
+  if (r.gave_up) j["gave_up_after_ns"] = r.gave_up_after;
   j["nodes"] = r.nodes;
   j["accelerators"] = r.accelerators;
   j["wall_ns"] = r.wall;
@@ -87,6 +91,12 @@ std::string report_text(const Report& r) {
   std::snprintf(b, sizeof b, "Job %s (%d nodes, %d accelerators), policy %s, ended: %s\n", r.job.c_str(), r.nodes,
                 r.accelerators, r.policy.c_str(), r.end_reason.c_str());
   o += b;
+  if (r.gave_up) {
+    std::snprintf(b, sizeof b,
+                  "  GAVE UP after %s and %d failures: the remaining %s of its wall time are charged as gave_up\n",
+                  format_duration(r.gave_up_after).c_str(), r.failures, format_duration(r.wall - r.gave_up_after).c_str());
+    o += b;
+  }
   std::snprintf(b, sizeof b, "  goodput              %s   (accelerator-weighted %s)\n", pct(r.goodput).c_str(),
                 pct(r.accelerator_goodput).c_str());
   o += b;
@@ -139,12 +149,14 @@ Summary summarize(const std::string& label, const std::vector<Report>& runs) {
     s.goodput_mean += r.goodput;
     s.accelerator_goodput_mean += r.accelerator_goodput;
     s.failures_mean += r.failures;
+    s.gave_up_share += r.gave_up ? 1.0 : 0.0;
     for (int i = 0; i < kLossCount; ++i) s.loss_share_mean[i] += share(r.loss[i], r.wall);
   }
   const double n = static_cast<double>(runs.size());
   s.goodput_mean /= n;
   s.accelerator_goodput_mean /= n;
   s.failures_mean /= n;
+  s.gave_up_share /= n;
   for (double& v : s.loss_share_mean) v /= n;
   s.goodput_p5 = percentile(g, 0.05);
   s.goodput_p50 = percentile(g, 0.50);
@@ -162,6 +174,7 @@ nlohmann::ordered_json summary_json(const Summary& s) {
   j["goodput_p95"] = s.goodput_p95;
   j["accelerator_goodput_mean"] = s.accelerator_goodput_mean;
   j["failures_mean"] = s.failures_mean;
+  j["gave_up_share"] = s.gave_up_share;
   auto& l = j["loss_share_mean"] = nlohmann::ordered_json::object();
   for (int i = 0; i < kLossCount; ++i) l[std::string(to_string(static_cast<Loss>(i)))] = s.loss_share_mean[i];
   return j;
@@ -172,8 +185,8 @@ std::string summaries_text(const std::vector<Summary>& rows, const std::string& 
   for (const Summary& s : rows) w = std::max(w, s.label.size());
   std::string o;
   char b[512];
-  std::snprintf(b, sizeof b, "%-*s %5s %9s %9s %9s %9s %9s  %s\n", static_cast<int>(w), first_column.c_str(), "runs",
-                "goodput", "p5", "p95", "accel", "failures", "largest losses");
+  std::snprintf(b, sizeof b, "%-*s %5s %9s %9s %9s %9s %9s %8s  %s\n", static_cast<int>(w), first_column.c_str(), "runs",
+                "goodput", "p5", "p95", "accel", "failures", "gave up", "largest losses");
   o += b;
   for (const Summary& s : rows) {
     // The three largest losses, by mean share of wall time.
@@ -185,9 +198,12 @@ std::string summaries_text(const std::vector<Summary>& rows, const std::string& 
       if (s.loss_share_mean[idx[k]] <= 0) break;
       top += (k ? ", " : "") + std::string(to_string(static_cast<Loss>(idx[k]))) + " " + pct(s.loss_share_mean[idx[k]]);
     }
-    std::snprintf(b, sizeof b, "%-*s %5d %9s %9s %9s %9s %9.1f  %s\n", static_cast<int>(w), s.label.c_str(), s.runs,
+    char gave_up[16];
+    std::snprintf(gave_up, sizeof gave_up, "%.0f%%", s.gave_up_share * 100.0);
+    if (s.gave_up_share > 0 && s.gave_up_share < 0.005) std::snprintf(gave_up, sizeof gave_up, "<1%%");
+    std::snprintf(b, sizeof b, "%-*s %5d %9s %9s %9s %9s %9.1f %8s  %s\n", static_cast<int>(w), s.label.c_str(), s.runs,
                   pct(s.goodput_mean).c_str(), pct(s.goodput_p5).c_str(), pct(s.goodput_p95).c_str(),
-                  pct(s.accelerator_goodput_mean).c_str(), s.failures_mean, top.c_str());
+                  pct(s.accelerator_goodput_mean).c_str(), s.failures_mean, gave_up, top.c_str());
     o += b;
   }
   return o;

@@ -16,6 +16,10 @@ struct Report {
   std::string job;
   std::string policy;
   std::string end_reason;
+  // The job gave up (a policy's give_up, or max_failures) this far into its wall time; the rest
+  // of the horizon is charged to the gave_up loss.
+  bool gave_up = false;
+  Duration gave_up_after = 0;
   int32_t nodes = 0;
   int32_t accelerators = 0;
   Duration wall = 0;
@@ -46,6 +50,7 @@ struct Summary {
   double goodput_mean = 0, goodput_p5 = 0, goodput_p50 = 0, goodput_p95 = 0;
   double accelerator_goodput_mean = 0;
   double failures_mean = 0;
+  double gave_up_share = 0;  // runs that gave up: a mean over them hides a policy that stops early
   std::array<double, kLossCount> loss_share_mean{};  // share of wall time
 };
 Summary summarize(const std::string& label, const std::vector<Report>& runs);

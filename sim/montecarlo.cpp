@@ -1,7 +1,6 @@
 #include "sim/montecarlo.h"
 
 #include <atomic>
-#include <cmath>
 #include <exception>
 #include <mutex>
 #if defined(__GLIBC__)
@@ -62,14 +61,14 @@ std::vector<Report> run_monte_carlo(const Trace& trace, const PolicySet& policy,
   return out;
 }
 
-Duration young_daly_interval(const Trace& trace, Tier tier) {
+CheckpointOptimum optimum_checkpoint_interval(const Trace& trace, Tier tier) {
   double per_hour = 0;
   for (const FailureRate& r : trace.rates) per_hour += r.per_node_hour * trace.cluster.nodes;
-  if (per_hour <= 0) return 0;
-  const double mtbf_ns = static_cast<double>(kHour) / per_hour;
+  if (per_hour <= 0) return {};
+  const auto mtbf = static_cast<Duration>(static_cast<double>(kHour) / per_hour);
   const CheckpointCosts costs{trace.job.checkpoint_bytes_per_node, trace.job.memory_bandwidth_bytes_per_s,
                               trace.job.storage_bandwidth_bytes_per_s};
-  return static_cast<Duration>(std::sqrt(2.0 * static_cast<double>(costs.save(tier)) * mtbf_ns));
+  return {daly_interval(costs.save(tier), mtbf), young_interval(costs.save(tier), mtbf)};
 }
 
 }  // namespace goodput

@@ -21,8 +21,13 @@ struct MonteCarloOptions {
 
 std::vector<Report> run_monte_carlo(const Trace& trace, const PolicySet& policy, const MonteCarloOptions& options);
 
-// The Young/Daly checkpoint interval for this trace: sqrt(2 * storage save cost * MTBF), with MTBF
-// from the trace's failure rates over the job's nodes. 0 if the trace has no rates.
-Duration young_daly_interval(const Trace& trace, Tier tier);
+// The optimum checkpoint interval for this trace and tier, with MTBF from the trace's failure rates
+// over the job's nodes: Daly's higher-order formula (daly_interval), or Young's first-order one.
+// 0 if the trace has no rates.
+struct CheckpointOptimum {
+  Duration daly = 0;
+  Duration young = 0;
+};
+CheckpointOptimum optimum_checkpoint_interval(const Trace& trace, Tier tier);
 
 }  // namespace goodput

@@ -8,7 +8,8 @@ namespace goodput {
 Simulator::Simulator(const Trace& trace, PolicySet policies, SimOptions options, std::vector<EventSink*> sinks)
     : trace_(trace),
       options_(options),
-      master_(std::move(policies), clock_, *this, std::move(sinks)),
+      master_(std::move(policies), clock_, *this, std::move(sinks),
+              JobMaster::Options{.flush_before_acting = false, .finish_on_give_up = trace.job.duration <= 0}),
       costs_{trace.job.checkpoint_bytes_per_node, trace.job.memory_bandwidth_bytes_per_s,
              trace.job.storage_bandwidth_bytes_per_s},
       machines_(static_cast<size_t>(trace.machines())),
@@ -38,6 +39,11 @@ const JobState& Simulator::run() {
   }
   try_fill();
   while (!finished_ && (!queue_.empty() || next_trace_ < events_.size())) {
+    if (master_.state().gave_up()) {
+      // Nothing happens to a job that gave up; it is charged until the horizon it was meant to run for.
+      end_at_horizon();
+      break;
+    }
     // The trace's next event goes first on a tie: it was there before anything was scheduled.
     if (next_trace_ < events_.size() && (queue_.empty() || events_[next_trace_].t <= queue_.top().time)) {
       const TraceEvent& e = events_[next_trace_++];
@@ -59,6 +65,20 @@ const JobState& Simulator::run() {
     master_.observe(JobFinished{"stuck", master_.state().steps_done()});
   }
   return master_.state();
+}
+
+void Simulator::end_at_horizon() {
+  stop_training();
+  processes_up_ = false;
+  clock_.advance_to(std::max(clock_.now(), trace_.job.duration));
+  finished_ = true;
+  master_.observe(JobFinished{master_.state().gave_up() ? "gave-up" : "horizon", seg_work_ / trace_.job.step_time});
+}
+
+void Simulator::detect_later(FailureObserved f, Duration latency) {
+  detections_.push_back(std::move(f));
+  detected_.push_back(false);
+  queue_.push(clock_.now() + latency, Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
 }
 
 void Simulator::check_invariants() const {
@@ -316,6 +336,7 @@ void Simulator::resize_world(int32_t delta) {
   // The job stops (ranks move); the restart that follows waits for the new slots' machines.
   stop_training();
   paused_ = false;
+  processes_up_ = false;
   ++restart_gen_;
   const int32_t n = static_cast<int32_t>(slots_.size());
   const int32_t size = std::max(1, n + delta);
@@ -334,6 +355,8 @@ void Simulator::resize_world(int32_t delta) {
     slots_[s].waiting = true;
     waiting_.insert(s);
   }
+  // The master lays its slots out anew and forgets which had no machine: report them again.
+  for (int32_t s = waiting_.next(); s >= 0; s = waiting_.next(s + 1)) slots_[s].reported = false;
   try_fill();
 }
 
@@ -351,11 +374,16 @@ void Simulator::on_trace_event(const TraceEvent& e) {
   }
   int32_t m = e.node;
   if (e.rank >= 0) {
+    if (static_cast<size_t>(e.rank) >= slots_.size()) return;  // the world shrank below that rank
     m = slots_[e.rank].machine;
     if (m < 0) return;  // nobody holds that rank right now (elastic world, or a slot waiting)
   }
   Machine& mach = machines_[m];
   const bool machine_fault = e.type == TraceEventType::NodeFailure || e.type == TraceEventType::Maintenance;
+  // A process can only crash or hang while it exists.
+  if ((e.type == TraceEventType::ProcessCrash || e.type == TraceEventType::Hang) &&
+      (mach.state != MachineState::InJob || !processes_up_))
+    return;
   switch (e.type) {
     case TraceEventType::NodeReturn:
       if (mach.state == MachineState::Down) queue_.push(clock_.now(), Item{ItemKind::Repaired, m, 0, mach.gen});
@@ -444,15 +472,18 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
     persisting_ = false;  // the node's part of an in-flight persist is gone
     machine_down(m, e.duration);  // it keeps its slot until the master relaunches it
   }
-  detections_.push_back(std::move(f));
-  queue_.push(clock_.now() + latency, Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
+  detect_later(std::move(f), latency);
 }
 
 // ---- the loop ------------------------------------------------------------------------------------
 
 void Simulator::handle(const Item& item) {
   switch (item.kind) {
-    case ItemKind::Detect: master_.observe(detections_[item.a]); return;
+    case ItemKind::Detect:
+      if (detected_[item.a]) return;
+      detected_[item.a] = true;
+      master_.observe(detections_[item.a]);
+      return;
     case ItemKind::NoSpare: {
       Slot& s = slots_[item.a];
       if (s.waiting && free_.empty()) master_.observe(NoSpareNode{item.a});
@@ -511,6 +542,7 @@ void Simulator::handle(const Item& item) {
     }
     case ItemKind::ProcessesUp:
       if (item.gen != restart_gen_) return;
+      processes_up_ = true;
       master_.observe(ProcessesStarted{restart_.world_size, restart_.restart});
       queue_.push(clock_.now() + trace_.job.rendezvous_of(restart_.restart),
                   Item{ItemKind::RendezvousDone, 0, 0, restart_gen_});
@@ -545,13 +577,20 @@ void Simulator::handle(const Item& item) {
     case ItemKind::Completed:
       if (item.gen != train_gen_ || !training_) return;
       stop_training();
+      processes_up_ = false;
       finished_ = true;
       master_.observe(JobFinished{"completed", trace_.job.total_steps});
       return;
     case ItemKind::Horizon:
-      stop_training();
+      // Faults that happened but are not noticed yet happened all the same: the job stopped
+      // then, and what it trained since its restore point is lost.
+      for (size_t i = 0; i < detections_.size() && !master_.state().finished(); ++i)
+        if (!detected_[i]) {
+          detected_[i] = true;
+          master_.observe(detections_[i]);
+        }
+      if (!master_.state().finished()) end_at_horizon();
       finished_ = true;
-      master_.observe(JobFinished{"horizon", seg_work_ / trace_.job.step_time});
       return;
   }
 }
@@ -567,6 +606,7 @@ void Simulator::execute(const Event& d) {
           const int32_t s = machines_[p.node].slot;
           if (s < 0 || slots_[s].machine != p.node) return;  // already out of the job
           paused_ = false;
+          processes_up_ = false;
           if (training_) {  // a planned replacement: the job stops now and restarts with the new node
             stall();
             stop_training();
@@ -577,9 +617,12 @@ void Simulator::execute(const Event& d) {
             slots_[s].memory_permille =
                 static_cast<int32_t>(static_cast<int64_t>(slots_[s].memory_permille) * p.memory_permille / 1000);
           // A node relaunched elsewhere leaves its machine behind for a health check and repair;
-          // one relaunched for memory leaves a healthy machine that may serve again.
-          if (p.action == RecoveryAction::RelaunchNode && machines_[p.node].state != MachineState::Down)
-            machine_down(p.node, 0);
+          // one relaunched for memory leaves a healthy machine that may serve again, and one given
+          // up on for repeated software errors is back after a node check finds nothing wrong.
+          if (p.action == RecoveryAction::RelaunchNode && machines_[p.node].state != MachineState::Down) {
+            const bool software = p.diagnosis == Diagnosis::SoftwareError || p.diagnosis == Diagnosis::Unknown;
+            machine_down(p.node, software ? std::max<Duration>(trace_.cluster.check_time, 1) : 0);
+          }
           release_slot(s);
           try_fill();
         } else if constexpr (std::is_same_v<T, ScaleDecided>) {
@@ -590,20 +633,21 @@ void Simulator::execute(const Event& d) {
         } else if constexpr (std::is_same_v<T, RestartJob>) {
           stop_training();
           paused_ = false;
+          processes_up_ = false;
           ++restart_gen_;
           restart_ = p;
           // A machine that is down cannot start its trainer: the restart fails and is noticed.
           if (!down_in_job_.empty()) {
             const int32_t m = down_in_job_.next();
-            detections_.push_back(FailureObserved{m, FailureKind::NodeLost, 0, 0, "node unreachable during restart", clock_.now()});
-            queue_.push(clock_.now() + trace_.job.heartbeat_timeout,
-                        Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
+            detect_later(FailureObserved{m, FailureKind::NodeLost, 0, 0, "node unreachable during restart", clock_.now()},
+                         trace_.job.heartbeat_timeout);
             return;
           }
           queue_.push(clock_.now() + p.delay + trace_.job.process_restart_of(p.restart),
                       Item{ItemKind::ProcessesUp, 0, 0, restart_gen_});
         } else if constexpr (std::is_same_v<T, JobFinished>) {
           stop_training();
+          processes_up_ = false;
           finished_ = true;
         }
       },

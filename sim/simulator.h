@@ -83,6 +83,8 @@ class Simulator final : public Backend {
   Duration wall_for(int64_t work) const;
   int32_t slowdown_max() const;
   void check_invariants() const;
+  void detect_later(FailureObserved f, Duration latency);
+  void end_at_horizon();
 
   const Trace& trace_;
   SimOptions options_;
@@ -92,6 +94,7 @@ class Simulator final : public Backend {
   EventQueue<Item> queue_;
   std::vector<TraceEvent> events_;
   std::vector<FailureObserved> detections_;
+  std::vector<bool> detected_;  // per detection: delivered to the master
   std::vector<std::vector<Item>> join_batches_;
   std::vector<Machine> machines_;
   std::vector<Slot> slots_;
@@ -105,6 +108,7 @@ class Simulator final : public Backend {
 
   // The training job, ground truth.
   bool training_ = false;
+  bool processes_up_ = false;  // trainer processes exist (from their start to their teardown)
   bool stalled_ = false;
   Time stalled_since_ = 0;
   bool paused_ = false;     // in a pause that will pass by itself (a restart or a failure ends it sooner)

@@ -33,6 +33,7 @@ void read_cluster(ConfigReader& r, ClusterSpec& c) {
   c.accelerators_per_node = static_cast<int32_t>(r.integer("accelerators_per_node", c.accelerators_per_node, 1, 1024));
   c.spare_nodes = static_cast<int32_t>(r.integer("spare_nodes", c.spare_nodes, 0, 1'000'000));
   c.repair_time = r.duration("repair_time", c.repair_time);
+  c.check_time = r.duration("check_time", c.check_time);
   r.finish();
 }
 
@@ -243,7 +244,8 @@ std::string write_trace(const Trace& t) {
   h["cluster"] = {{"nodes", t.cluster.nodes},
                   {"accelerators_per_node", t.cluster.accelerators_per_node},
                   {"spare_nodes", t.cluster.spare_nodes},
-                  {"repair_time", dur(t.cluster.repair_time)}};
+                  {"repair_time", dur(t.cluster.repair_time)},
+                  {"check_time", dur(t.cluster.check_time)}};
   nlohmann::ordered_json job = {{"name", t.job.name}, {"step_time", dur(t.job.step_time)}};
   if (t.job.total_steps) job["total_steps"] = t.job.total_steps;
   if (t.job.duration) job["duration"] = dur(t.job.duration);

@@ -25,6 +25,9 @@ struct ClusterSpec {
   int32_t accelerators_per_node = 8;
   int32_t spare_nodes = 0;  // s0 .. s{spare_nodes-1}, free at the start
   Duration repair_time = 4 * kHour;  // a failed machine is back in the pool after this
+  // A machine given back for repeated software errors (no hardware fault behind them) passes a
+  // node check and is back in the pool after this, not after a repair.
+  Duration check_time = 10 * kMinute;
 };
 
 struct JobSpec {

@@ -100,7 +100,7 @@ TEST_CASE("a 54-day log stays a page a browser opens quickly: a few thousand SVG
   CHECK(page.find("http") == std::string::npos);  // nothing fetched: self-contained
 }
 
-TEST_CASE("compare and sweep pages carry the Monte Carlo numbers and mark Young/Daly") {
+TEST_CASE("compare and sweep pages carry the Monte Carlo numbers and mark Daly's optimum") {
   TempDir dir("html-compare");
   const std::string trace = source_path("traces/small-2048gpu-7d.jsonl");
   const std::string cmp = dir.file("compare.html");
@@ -119,5 +119,5 @@ TEST_CASE("compare and sweep pages carry the Monte Carlo numbers and mark Young/
   const std::string page = read(sw);
   CHECK(page.find("id=\"band\"") != std::string::npos);
   CHECK(page.find("id=\"marker\"") != std::string::npos);
-  CHECK(page.find("Young/Daly (memory)") != std::string::npos);
+  CHECK(page.find("Daly optimum (memory)") != std::string::npos);
 }

@@ -80,23 +80,36 @@ TEST_CASE("restart-all ignores diagnosis and restores from storage only") {
         RecoveryAction::RelaunchNode);
 }
 
-TEST_CASE("Young/Daly plans sqrt(2 * save cost * MTBF) and re-plans as failures are seen") {
+TEST_CASE("Young/Daly plans Daly's higher-order optimum and re-plans as failures are seen") {
   const auto p = load_policy(nlohmann::json::parse(
       R"({"checkpoint": {"policy": "young-daly", "tier": "storage", "mtbf_prior": "8h"}})"));
   JobState s = running_state();
   const EventPayload start = s.job();
   auto plan = p.checkpoint->plan(s, start);
   REQUIRE(plan);
-  // Save to storage: 2 GB at 1 GB/s = 2 s. sqrt(2 * 2 s * 28800 s) = 339.4 s -> 339 one-second steps.
-  CHECK(plan->every_steps == 339);
+  // Save to storage: 2 GB at 1 GB/s = 2 s (delta). sqrt(2 * 2 s * 28800 s) = 339.4 s (Young);
+  // Daly: 339.4 * (1 + sqrt(2 / 57600) / 3 + (2 / 57600) / 9) - 2 = 338.1 s -> 338 one-second steps.
+  CHECK(plan->every_steps == 338);
   CHECK(plan->tier == Tier::Storage);
   s.apply(Event{s.last_seq() + 1, s.now(), *plan});
-  // Seven failures in the first hour: MTBF estimate (1 h + 8 h) / 8 = 4050 s -> sqrt(2*2*4050) = 127 s.
+  // Seven failures in the first hour: MTBF estimate (1 h + 8 h) / 8 = 4050 s -> Young sqrt(2*2*4050)
+  // = 127.3 s; Daly 127.3 * (1 + sqrt(2 / 8100) / 3 + (2 / 8100) / 9) - 2 = 125.9 s.
   for (int i = 0; i < 7; ++i) s.apply(Event{s.last_seq() + 1, kHour, exit_with(1, 0, "")});
   const EventPayload f = exit_with(1, 0, "");
   auto replan = p.checkpoint->plan(s, f);
   REQUIRE(replan);
-  CHECK(replan->every_steps == 127);
+  CHECK(replan->every_steps == 126);
+}
+
+TEST_CASE("Daly's interval departs from Young's when the save cost is not small against the MTBF") {
+  // The issue's numbers: delta = 10 min, M = 2 h -> Young 49.0 min, Daly 42.5 min.
+  CHECK(to_seconds(young_interval(10 * kMinute, 2 * kHour)) == doctest::Approx(2939.4).epsilon(1e-4));
+  CHECK(to_seconds(daly_interval(10 * kMinute, 2 * kHour)) == doctest::Approx(2553.0).epsilon(1e-4));
+  // Small delta: the two agree to within delta.
+  CHECK(std::abs(daly_interval(kSecond, 10 * kHour) - young_interval(kSecond, 10 * kHour)) < kSecond);
+  // delta >= 2M: checkpoint once per MTBF.
+  CHECK(daly_interval(3 * kHour, kHour) == kHour);
+  CHECK(daly_interval(0, kHour) == 0);
 }
 
 TEST_CASE("elastic scaling shrinks when no spare is free and grows when a node joins") {

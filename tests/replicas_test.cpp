@@ -297,7 +297,7 @@ TEST_CASE("scaling gives up and takes back workers only; a lost parameter server
   CHECK(h.events("no_spare_node").front().contains("fixed") == false);  // a worker's slot: left out
   CHECK(h.scales() == std::vector<std::pair<int, int>>{{3, 2}, {2, 3}});
   CHECK(h.running(1)["action"] != "run");
-  CHECK(h.master->state().phase() == Phase::Idle);  // waiting for a machine, none to be had
+  CHECK(h.master->state().phase() == Phase::WaitingForCapacity);  // waiting for a machine, none to be had
   const int32_t p2 = h.launched_for("p2", 0);
   CHECK(h.events("node_joined").back()["slot"] == 0);
   CHECK(h.scales() == std::vector<std::pair<int, int>>{{3, 2}, {2, 3}});  // no scale in between

@@ -108,7 +108,7 @@ TEST_CASE("without a spare the job waits idle until the machine is repaired") {
   Simulator sim(t, policy(kFlashEvery100), SimOptions{});
   const JobState& s = sim.run();
   // Decided at 1030.5 s, repaired at 1000.5 + 3600 s: 3570 s idle, then 60 s to place it again.
-  CHECK(s.loss(Loss::Idle) == 3570 * kSecond);
+  CHECK(s.loss(Loss::CapacityWait) == 3570 * kSecond);
   CHECK(s.loss(Loss::Scheduling) == 2 * 60 * kSecond);
   CHECK(s.holds(*t.machine_index("n2")));
   check_sums(s);
@@ -122,7 +122,7 @@ TEST_CASE("elastic scaling keeps training on fewer nodes and grows back") {
   const JobState& s = sim.run();
   CHECK(s.scale_changes() == 2);  // 4 -> 3, then back to 4
   CHECK(s.world_size() == 4);
-  CHECK(s.loss(Loss::Idle) == 0);
+  CHECK(s.loss(Loss::CapacityWait) == 0);
   // A quarter of the capacity is missing while 3 nodes train: roughly 3500 s / 4.
   CHECK(s.loss(Loss::ReducedCapacity) > 800 * kSecond);
   CHECK(s.loss(Loss::ReducedCapacity) < 900 * kSecond);
@@ -175,8 +175,23 @@ TEST_CASE("the job gives up after max_failures and says so") {
   const JobState& s = sim.run();
   CHECK(s.gave_up());
   CHECK(s.finish_reason() == "gave-up");
-  CHECK(s.wall() == 3001 * kSecond);  // ended at the third failure's decision (1 s detection)
+  // It gave up at the third failure's decision (1 s detection), and is charged until the horizon
+  // it was meant to run for: giving up never scores better than recovering.
+  CHECK(s.wall() == 20000 * kSecond);
+  CHECK(s.loss(Loss::GaveUp) == (20000 - 3001) * kSecond);
+  CHECK(s.phase() == Phase::Finished);
   check_sums(s);
+
+  // Without a horizon (a step target only) there is nothing to charge it to: it ends at once.
+  Trace steps = t;
+  steps.job.duration = 0;
+  steps.job.total_steps = 100000;
+  Simulator sim2(steps, policy(R"({"recovery":{"policy":"diagnose","max_failures":2}})"), SimOptions{});
+  const JobState& s2 = sim2.run();
+  CHECK(s2.finish_reason() == "gave-up");
+  CHECK(s2.wall() == 3001 * kSecond);
+  CHECK(s2.loss(Loss::GaveUp) == 0);
+  check_sums(s2);
 }
 
 TEST_CASE("a job with a step target finishes when it reaches it") {

@@ -477,7 +477,7 @@ json LiveMaster::assignment(const Node& n) const {
       out["check"] = c;
     }
   } else if (n.slot < 0 || n.slot >= world_ || s.restart_jobs() == 0 || s.phase() == Phase::Scheduling ||
-             s.phase() == Phase::Idle || s.needs_restart() || clock_.now() < run_at_ ||
+             s.phase() == Phase::WaitingForCapacity || s.needs_restart() || clock_.now() < run_at_ ||
              std::any_of(slots_.begin(), slots_.begin() + world_, [](NodeId id) { return id < 0; })) {
     // A spare, or the world is between restarts or misses a rank (a parameter server's slot that
     // no worker may take): no trainer should run.
