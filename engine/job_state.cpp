@@ -281,7 +281,10 @@ void JobState::apply(const Event& e) {
         }
       },
       e.payload);
-  if (stage_ != Stage::Training) stalled_ = false;  // a restart ends any stall
+  if (stage_ != Stage::Training) {
+    stalled_ = false;               // a restart ends any stall
+    full_speed_since_ = kNever;     // and a training run: progress from before it is never taken back
+  }
 }
 
 }  // namespace goodput

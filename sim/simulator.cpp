@@ -69,16 +69,38 @@ const JobState& Simulator::run() {
 
 void Simulator::end_at_horizon() {
   stop_training();
-  processes_up_ = false;
+  teardown();
   clock_.advance_to(std::max(clock_.now(), trace_.job.duration));
   finished_ = true;
   master_.observe(JobFinished{master_.state().gave_up() ? "gave-up" : "horizon", seg_work_ / trace_.job.step_time});
 }
 
+void Simulator::teardown() {
+  processes_up_ = false;
+  ++incarnation_;
+}
+
 void Simulator::detect_later(FailureObserved f, Duration latency) {
   detections_.push_back(std::move(f));
   detected_.push_back(false);
+  detection_incarnation_.push_back(incarnation_);
   queue_.push(clock_.now() + latency, Item{ItemKind::Detect, static_cast<int32_t>(detections_.size() - 1)});
+}
+
+// A fault is noticed unless what it broke is already gone: a crash or hang of trainers that were
+// torn down since (a restart for another failure replaced them), or a lost machine that already
+// left its slot.
+void Simulator::deliver_detection(size_t i) {
+  if (detected_[i]) return;
+  detected_[i] = true;
+  const FailureObserved& f = detections_[i];
+  if (f.kind == FailureKind::ProcessExit || f.kind == FailureKind::Hang) {
+    if (detection_incarnation_[i] != incarnation_) return;
+  } else {
+    const int32_t s = machines_[f.node].slot;
+    if (s < 0 || static_cast<size_t>(s) >= slots_.size() || slots_[s].machine != f.node) return;
+  }
+  master_.observe(f);
 }
 
 void Simulator::check_invariants() const {
@@ -336,7 +358,7 @@ void Simulator::resize_world(int32_t delta) {
   // The job stops (ranks move); the restart that follows waits for the new slots' machines.
   stop_training();
   paused_ = false;
-  processes_up_ = false;
+  teardown();
   ++restart_gen_;
   const int32_t n = static_cast<int32_t>(slots_.size());
   const int32_t size = std::max(1, n + delta);
@@ -479,11 +501,7 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
 
 void Simulator::handle(const Item& item) {
   switch (item.kind) {
-    case ItemKind::Detect:
-      if (detected_[item.a]) return;
-      detected_[item.a] = true;
-      master_.observe(detections_[item.a]);
-      return;
+    case ItemKind::Detect: deliver_detection(static_cast<size_t>(item.a)); return;
     case ItemKind::NoSpare: {
       Slot& s = slots_[item.a];
       if (s.waiting && free_.empty()) master_.observe(NoSpareNode{item.a});
@@ -577,18 +595,14 @@ void Simulator::handle(const Item& item) {
     case ItemKind::Completed:
       if (item.gen != train_gen_ || !training_) return;
       stop_training();
-      processes_up_ = false;
+      teardown();
       finished_ = true;
       master_.observe(JobFinished{"completed", trace_.job.total_steps});
       return;
     case ItemKind::Horizon:
       // Faults that happened but are not noticed yet happened all the same: the job stopped
       // then, and what it trained since its restore point is lost.
-      for (size_t i = 0; i < detections_.size() && !master_.state().finished(); ++i)
-        if (!detected_[i]) {
-          detected_[i] = true;
-          master_.observe(detections_[i]);
-        }
+      for (size_t i = 0; i < detections_.size() && !master_.state().finished(); ++i) deliver_detection(i);
       if (!master_.state().finished()) end_at_horizon();
       finished_ = true;
       return;
@@ -606,7 +620,7 @@ void Simulator::execute(const Event& d) {
           const int32_t s = machines_[p.node].slot;
           if (s < 0 || slots_[s].machine != p.node) return;  // already out of the job
           paused_ = false;
-          processes_up_ = false;
+          teardown();
           if (training_) {  // a planned replacement: the job stops now and restarts with the new node
             stall();
             stop_training();
@@ -633,7 +647,7 @@ void Simulator::execute(const Event& d) {
         } else if constexpr (std::is_same_v<T, RestartJob>) {
           stop_training();
           paused_ = false;
-          processes_up_ = false;
+          teardown();
           ++restart_gen_;
           restart_ = p;
           // A machine that is down cannot start its trainer: the restart fails and is noticed.
@@ -647,7 +661,7 @@ void Simulator::execute(const Event& d) {
                       Item{ItemKind::ProcessesUp, 0, 0, restart_gen_});
         } else if constexpr (std::is_same_v<T, JobFinished>) {
           stop_training();
-          processes_up_ = false;
+          teardown();
           finished_ = true;
         }
       },

@@ -84,6 +84,8 @@ class Simulator final : public Backend {
   int32_t slowdown_max() const;
   void check_invariants() const;
   void detect_later(FailureObserved f, Duration latency);
+  void deliver_detection(size_t i);
+  void teardown();  // the trainer processes are stopped (to restart, or for good)
   void end_at_horizon();
 
   const Trace& trace_;
@@ -95,6 +97,7 @@ class Simulator final : public Backend {
   std::vector<TraceEvent> events_;
   std::vector<FailureObserved> detections_;
   std::vector<bool> detected_;  // per detection: delivered to the master
+  std::vector<uint64_t> detection_incarnation_;  // per detection: the trainers' incarnation at the fault
   std::vector<std::vector<Item>> join_batches_;
   std::vector<Machine> machines_;
   std::vector<Slot> slots_;
@@ -109,6 +112,7 @@ class Simulator final : public Backend {
   // The training job, ground truth.
   bool training_ = false;
   bool processes_up_ = false;  // trainer processes exist (from their start to their teardown)
+  uint64_t incarnation_ = 0;   // bumped at each teardown of the trainers
   bool stalled_ = false;
   Time stalled_since_ = 0;
   bool paused_ = false;     // in a pause that will pass by itself (a restart or a failure ends it sooner)
