@@ -20,7 +20,9 @@ struct RecoveryLimits {
   // crashes in a month are bad luck, three in an hour are a bad node.
   int32_t max_restarts_per_node = 3;
   Duration restart_window = kHour;
-  int32_t max_failures = 10000;       // failures of the whole job before giving up
+  // Failures of the whole job before giving up (0: never). A job that gives up is flagged in every
+  // report and, in the simulator, charged until its horizon.
+  int32_t max_failures = 10000;
   Duration backoff_base = 0;          // wait before restart, doubled per failure without a checkpoint since
   Duration backoff_max = 5 * kMinute;
 
@@ -29,7 +31,7 @@ struct RecoveryLimits {
         "max_restarts_per_node", max_restarts_per_node, 0, static_cast<int64_t>(JobState::kRecentFailures) - 1));
     restart_window = r.duration("restart_window", restart_window);
     if (restart_window < 0) r.fail("restart_window", "must not be negative");
-    max_failures = static_cast<int32_t>(r.integer("max_failures", max_failures, 1, 100'000'000));
+    max_failures = static_cast<int32_t>(r.integer("max_failures", max_failures, 0, 100'000'000));
     backoff_base = r.duration("backoff_base", backoff_base);
     backoff_max = r.duration("backoff_max", backoff_max);
   }
@@ -92,7 +94,7 @@ class DiagnoseRecovery final : public RecoveryPolicy {
     }
     if (d.action == RecoveryAction::RelaunchWithMoreMemory)
       d.memory_permille = static_cast<int32_t>(std::lround(memory_factor_ * 1000));
-    if (s.failures() > limits_.max_failures) {
+    if (limits_.max_failures > 0 && s.failures() > limits_.max_failures) {
       d.action = RecoveryAction::GiveUp;
       d.rule = "give up: " + std::to_string(s.failures()) + " failures";
     }
@@ -140,7 +142,7 @@ class RestartAllRecovery final : public RecoveryPolicy {
     d.action = machine_gone ? RecoveryAction::RelaunchNode : RecoveryAction::RestartProcess;
     d.attempt = s.failures_of(f.node);
     d.rule = machine_gone ? "machine gone" : "restart all";
-    if (s.failures() > limits_.max_failures) {
+    if (limits_.max_failures > 0 && s.failures() > limits_.max_failures) {
       d.action = RecoveryAction::GiveUp;
       d.rule = "give up: " + std::to_string(s.failures()) + " failures";
     }

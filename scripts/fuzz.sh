@@ -4,7 +4,8 @@
 # Kubernetes API's answers (watch frames, pods, nodes, YAML). Seeds come from the shipped traces and policies, a replay's event log
 # and a real checkpoint. First replays every saved regression input, then fuzzes each target for
 # $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
-# fuzz/regressions/<target>/ with the fix so it is replayed from then on.
+# fuzz/regressions/<target>/ with the fix so it is replayed from then on. Last, the accounting's
+# property test runs on many random traces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -82,4 +83,13 @@ for t in trace policy event checkpoint api backend http; do
     status=1
   fi
 done
+# The accounting's property test (tests/property_test.cpp) on many more random traces than the test
+# command runs: about 1,000 traces a second here, so $seconds x 500 traces, from a seed that moves
+# with the date so every long campaign covers new ground (the seed is printed to reproduce it).
+if [ -x build/tests/goodput_tests ]; then
+  seed=$(( $(date +%s) / 86400 * 1000000 ))
+  echo "accounting property test: $(( seconds * 500 )) random traces from seed $seed"
+  GOODPUT_PROPERTY_TRACES=$(( seconds * 500 )) GOODPUT_PROPERTY_SEED=$seed \
+    build/tests/goodput_tests -tc='property:*' || status=1
+fi
 exit $status

@@ -624,9 +624,9 @@ void Simulator::execute(const Event& d) {
           if (training_) {  // a planned replacement: the job stops now and restarts with the new node
             stall();
             stop_training();
-            ++restart_gen_;
             persisting_ = false;
           }
+          ++restart_gen_;  // a restart under way cannot complete without this node either
           if (p.action == RecoveryAction::RelaunchWithMoreMemory)
             slots_[s].memory_permille =
                 static_cast<int32_t>(static_cast<int64_t>(slots_[s].memory_permille) * p.memory_permille / 1000);
