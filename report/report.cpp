@@ -102,12 +102,12 @@ std::string report_text(const Report& r) {
   o += b;
   std::snprintf(b, sizeof b, "  wall time            %s\n", format_duration(r.wall).c_str());
   o += b;
-  std::snprintf(b, sizeof b, "  productive           %-16s %8s\n", format_duration(r.productive).c_str(),
+  std::snprintf(b, sizeof b, "  productive             %-16s %8s\n", format_duration(r.productive).c_str(),
                 pct(share(r.productive, r.wall)).c_str());
   o += b;
   o += "  lost to\n";
   for (int i = 0; i < kLossCount; ++i) {
-    std::snprintf(b, sizeof b, "    %-18s %-16s %8s\n", std::string(to_string(static_cast<Loss>(i))).c_str(),
+    std::snprintf(b, sizeof b, "    %-20s %-16s %8s\n", std::string(to_string(static_cast<Loss>(i))).c_str(),
                   format_duration(r.loss[i]).c_str(), pct(share(r.loss[i], r.wall)).c_str());
     o += b;
   }

@@ -121,3 +121,26 @@ TEST_CASE("compare and sweep pages carry the Monte Carlo numbers and mark Daly's
   CHECK(page.find("id=\"marker\"") != std::string::npos);
   CHECK(page.find("Daly optimum (memory)") != std::string::npos);
 }
+
+TEST_CASE("a job that gave up says so on its page, in its text and JSON reports, and in compare's table") {
+  TempDir dir("html-gave-up");
+  const std::string trace = source_path("traces/small-2048gpu-7d.jsonl");
+  const std::string policy = dir.write("quit.json", R"({"name":"quit","recovery":{"policy":"diagnose","max_failures":1}})");
+  const std::string html = dir.file("quit.html");
+  auto j = run_command(goodput_cmd("replay " + trace + " --policy " + policy + " --format json --html " + html));
+  REQUIRE(j.exit_code == 0);
+  const auto json = nlohmann::json::parse(j.output.substr(j.output.find('{'), j.output.rfind('}') - j.output.find('{') + 1));
+  CHECK(json["gave_up"] == true);
+  CHECK(json["end"] == "gave-up");
+  CHECK(json["losses_ns"]["gave_up"].get<int64_t>() == json["wall_ns"].get<int64_t>() - json["gave_up_after_ns"].get<int64_t>());
+  const std::string dom = chromium("--dump-dom file://" + html, dir);
+  CHECK(dom.find("id=\"gave-up\"") != std::string::npos);
+  CHECK(std::stoll(attr_of(dom, "data-bucket", "gave_up", "data-ns")) == json["losses_ns"]["gave_up"].get<int64_t>());
+  CHECK(run_command(goodput_cmd("replay " + trace + " --policy " + policy)).output.find("GAVE UP after") != std::string::npos);
+  auto c = run_command(goodput_cmd("compare " + trace + " --policy " + policy + " --policy " +
+                                   source_path("examples/policies/flash-diagnose.json") + " --runs 4 --format json"));
+  REQUIRE(c.exit_code == 0);
+  const auto cj = nlohmann::json::parse(c.output.substr(c.output.find('{'), c.output.rfind('}') - c.output.find('{') + 1));
+  CHECK(cj["policies"][0]["gave_up_share"].get<double>() == 1.0);
+  CHECK(cj["policies"][1]["gave_up_share"].get<double>() == 0.0);
+}
