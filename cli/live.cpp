@@ -100,6 +100,16 @@ std::vector<Fault> load_faults(const std::string& path) {
   return out;
 }
 
+// Whether an event log holds any event. A file that is not a log (or is damaged) counts as holding
+// one: it is never removed to make room.
+bool log_holds_a_job(const std::string& path) {
+  try {
+    return SqliteStore(path, SqliteStore::Mode::OpenReadOnly).last_seq() > 0;
+  } catch (const StoreError&) {
+    return true;
+  }
+}
+
 struct ServeOptions {
   std::string spec_path;
   std::string run_dir;
@@ -119,14 +129,21 @@ int serve(ServeOptions o) {
   if (o.run_dir.empty()) o.run_dir = "runs/" + spec.job;
   const fs::path run_dir = fs::absolute(o.run_dir);
   const std::string db = (run_dir / "events.db").string();
-  if (!o.resume && fs::exists(db))
-    throw LiveError(db + " already holds a job's log: use --resume to continue it, or another --run-dir");
+  // Everything the operator gave is checked before anything of the run is written, so a mistake
+  // leaves nothing behind that blocks the corrected run.
+  std::vector<Fault> faults = o.faults_path.empty() ? std::vector<Fault>{} : load_faults(o.faults_path);
+  if (!o.resume && fs::exists(db)) {
+    if (log_holds_a_job(db))
+      throw LiveError(db + " already holds a job's log: use --resume to continue it, or another --run-dir");
+    // A start that failed before the job's first event left an empty log: nothing to keep.
+    for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(db + suffix);
+  }
   if (o.resume && !fs::exists(db)) throw LiveError(db + ": no log to resume");
+  if (o.resume && !log_holds_a_job(db)) throw LiveError(db + ": the log holds no job to resume (start it without --resume)");
   fs::create_directories(run_dir);
   fs::permissions(run_dir, fs::perms::owner_all, fs::perm_options::replace);
   if (spec.storage_dir.empty()) spec.storage_dir = (run_dir / "checkpoints").string();
   spec.storage_dir = fs::absolute(spec.storage_dir).string();
-  std::vector<Fault> faults = o.faults_path.empty() ? std::vector<Fault>{} : load_faults(o.faults_path);
 
   // The token: the operator's (GOODPUT_TOKEN), the run's (on resume), or a fresh one.
   std::string token = std::getenv("GOODPUT_TOKEN") ? std::getenv("GOODPUT_TOKEN") : "";

@@ -15,6 +15,7 @@
 #include "test_util.h"
 
 using namespace goodput;
+using namespace goodput::test;
 
 TEST_CASE("the shard ledger hands out each shard once and re-queues work a restore threw away") {
   ShardLedger l;
@@ -75,6 +76,37 @@ TEST_CASE("a job spec names the file and field it rejects") {
   CHECK(s.env.at("A") == "1");
   CHECK(s.job_started().nodes == 3);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a bad policy is refused with the file it came from, before the run writes anything; an empty log blocks nothing") {
+  TempDir dir("bad-policy");
+  const std::string bad = R"({"recovery": {"policy": "nonexistent"}})";
+  dir.write("policy.json", bad);
+  const std::string from_file = dir.write("file.json", R"({"job":"j","command":["/bin/true"],"total_steps":10,"policy":"policy.json"})");
+  const std::string inline_spec = dir.write("inline.json", std::string(R"({"job":"j","command":["/bin/true"],"total_steps":10,"policy":)") + bad + "}");
+  const std::string run_dir = dir.file("run");
+  for (const auto& [spec, names] : {std::pair{from_file, std::string("policy file " + dir.file("policy.json"))},
+                                    std::pair{inline_spec, std::string("inline policy (field 'policy')")}}) {
+    const auto r = run_command(goodput_cmd("run " + spec + " --run-dir " + run_dir));
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(spec + ": " + names + ": field 'recovery.policy'") != std::string::npos);
+    CHECK(r.output.find("nonexistent") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(run_dir));  // no directory, no events.db, no token
+  }
+  // A start that failed after the log was made but before its first event left an empty log: the
+  // next start goes ahead (here `goodput master`, which waits for agents; it is stopped at once).
+  std::filesystem::create_directories(run_dir);
+  { SqliteStore empty(run_dir + "/events.db", SqliteStore::Mode::Create); }
+  const std::string good = dir.write("good.json", R"({"job":"j","command":["/bin/true"],"total_steps":10})");
+  const auto r = run_command("timeout -s INT 3 " + goodput_cmd("master " + good + " --run-dir " + run_dir));
+  CAPTURE(r.output);
+  CHECK(r.output.find("already holds") == std::string::npos);
+  CHECK(r.output.find("started job j") != std::string::npos);
+  // Now it holds a job: a second start is refused, and --resume is the way on.
+  const auto again = run_command(goodput_cmd("master " + good + " --run-dir " + run_dir));
+  CHECK(again.exit_code == 2);
+  CHECK(again.output.find("already holds a job's log") != std::string::npos);
 }
 
 TEST_CASE("the master's clock never goes back, across restarts and wall-clock jumps") {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/json_reader.h"
+#include "policies/policy.h"
 
 namespace goodput::live {
 
@@ -290,16 +291,25 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.memory_bandwidth_bytes_per_s = r.integer("memory_bandwidth_bytes_per_s", s.memory_bandwidth_bytes_per_s, 1, INT64_MAX / 2);
   s.storage_bandwidth_bytes_per_s = r.integer("storage_bandwidth_bytes_per_s", s.storage_bandwidth_bytes_per_s, 1, INT64_MAX / 2);
   if (const nlohmann::json* p = r.child("policy")) {
+    std::string source;  // for messages: where the policy came from
     if (p->is_string()) {
       std::filesystem::path path(p->get<std::string>());
       if (path.is_relative()) path = std::filesystem::path(base_dir) / path;
       s.policy = read_json_file(path.string(), "policy file");
       s.policy_name = path.stem().string();
+      source = "policy file " + path.lexically_normal().string();
     } else if (p->is_object()) {
       s.policy = *p;
       s.policy_name = p->value("name", std::string("inline"));
+      source = "inline policy (field 'policy')";
     } else {
       r.fail("policy", "must be a policy file path or a policy object");
+    }
+    // Checked now, before anything of the run is written, and named by where it came from.
+    try {
+      (void)load_policy(s.policy);
+    } catch (const PolicyError& e) {
+      throw ConfigError(source + ": " + e.what());
     }
   }
   s.storage_dir = r.text("storage_dir", "");
