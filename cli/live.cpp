@@ -120,6 +120,7 @@ struct ServeOptions {
   std::string faults_path;
   bool quiet = false;
   live::TlsFiles tls;  // both set: the API is HTTPS only
+  std::string read_access = "auto";
 };
 
 int serve(ServeOptions o) {
@@ -252,6 +253,11 @@ int serve(ServeOptions o) {
     nodes = std::move(local);
   }
   live::LiveMaster master(spec, std::move(policies), store, clock, nodes.get(), token, run_id);
+  master.set_read_access(o.read_access == "open"    ? live::ReadAccess::Open
+                         : o.read_access == "token" ? live::ReadAccess::Token
+                                                    : live::ReadAccess::Auto,
+                         o.listen);
+  master.set_transport_refusals([&server] { return server.refusals(); });
   master_ptr = &master;
   std::cerr << "goodput: " << (master.resumed() ? "resumed" : "started") << " job " << spec.job << ": master at "
             << url << ", log " << db << "\n";
@@ -363,6 +369,11 @@ static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_di
   cmd->add_option("--tls-cert", o.tls.cert_file, "Serve the API over HTTPS with this PEM certificate chain")
       ->check(CLI::ExistingFile);
   cmd->add_option("--tls-key", o.tls.key_file, "The certificate's PEM private key")->check(CLI::ExistingFile);
+  cmd->add_option("--read-access", o.read_access,
+                  "Who may read GET /status, / and /metrics: auto (open on a loopback --listen; elsewhere /status and / "
+                  "want the bearer token, /metrics stays open), open, or token (all three want it)")
+      ->check(CLI::IsMember({"auto", "open", "token"}))
+      ->capture_default_str();
 }
 
 void add_live_commands(CLI::App& app, int& rc) {

@@ -332,3 +332,22 @@ TEST_CASE("an operator's scale request changes the target world, releases nodes 
   CHECK(r->restore_tier == Tier::Storage);
   CHECK(m.state().losses_total() + m.state().productive() == m.state().wall());
 }
+
+TEST_CASE("the fold never takes back progress of an earlier training run for a late-reported stall") {
+  // The mistake the simulator made with a hang noticed late (tests/accounting_test.cpp), straight at
+  // the fold, which a live master can feed the same way: a crash noticed at 1201 s stopped progress
+  // at 1000 s; the restart takes no time; at 1300 s a failure arrives whose progress stopped at
+  // 1000 s, before the training run going on began. Only 1201 s -> 1300 s can be detection now.
+  JobState s;
+  auto apply = training_from_zero(s);
+  apply(1201 * kSecond, FailureObserved{0, FailureKind::ProcessExit, 1, 0, "", 1000 * kSecond});
+  apply(1201 * kSecond, RecoveryDecided{0, Diagnosis::SoftwareError, RecoveryAction::RestartProcess, 1, 0, 1000, ""});
+  apply(1201 * kSecond, RestartJob{2, 1, 0, 0, Tier::None});
+  apply(1201 * kSecond, ProcessesStarted{2, 1});
+  apply(1201 * kSecond, RendezvousComplete{2, 1});
+  apply(1201 * kSecond, CheckpointLoaded{0, Tier::None, 0});
+  apply(1300 * kSecond, FailureObserved{1, FailureKind::Hang, 0, 0, "", 1000 * kSecond});
+  CHECK(s.productive() + s.losses_total() == s.wall());
+  CHECK(s.loss(Loss::Detection) == (201 + 99) * kSecond);
+  CHECK(s.loss(Loss::Recompute) == 1000 * kSecond);
+}

@@ -16,6 +16,7 @@
 #include "backends/kubernetes/kube_nodes.h"
 #include "backends/live/job_spec.h"
 #include "engine/json_reader.h"
+#include "test_util.h"
 
 using namespace goodput;
 using nlohmann::json;
@@ -294,4 +295,43 @@ TEST_CASE("the client sends the token file's current token, and honours 429 Retr
   t.join();
   CHECK(seen == std::vector<std::string>{"Bearer token-1", "Bearer token-1", "Bearer token-2"});
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the manifests' namespace is one setting: kustomize puts it everywhere, the cluster-wide binding too") {
+  // The real kubectl's kustomize (no cluster needed), on a copy of deploy/ whose one setting is changed.
+  if (goodput::test::run_command("kubectl version --client").exit_code != 0) {
+    WARN_MESSAGE(false, "kubectl is not installed: the kustomization is not rendered here");
+    return;
+  }
+  goodput::test::TempDir dir("kustomize");
+  const std::string deploy = std::string(GOODPUT_SOURCE_DIR) + "/backends/kubernetes/deploy";
+  std::filesystem::copy_file(deploy + "/goodput.yaml", dir.file("goodput.yaml"));
+  std::ifstream k(deploy + "/kustomization.yaml");
+  std::stringstream ks;
+  ks << k.rdbuf();
+  std::string kust = ks.str();
+  const auto at = kust.find("namespace: training");
+  REQUIRE(at != std::string::npos);
+  kust.replace(at, std::string("namespace: training").size(), "namespace: ml-team");
+  dir.write("kustomization.yaml", kust);
+  const auto r = goodput::test::run_command("kubectl kustomize " + dir.path.string());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  int namespaced = 0;
+  for (const YAML::Node& d : YAML::LoadAll(r.output)) {
+    const json doc = kube::yaml_to_json(YAML::Dump(d));
+    const std::string kind = doc["kind"];
+    CAPTURE(kind);
+    if (kind == "ClusterRole") continue;
+    if (kind == "ClusterRoleBinding") {
+      CHECK(doc["metadata"]["name"] == "goodput-node-reader-ml-team");
+      CHECK(doc["subjects"][0]["namespace"] == "ml-team");
+      continue;
+    }
+    CHECK(doc["metadata"]["namespace"] == "ml-team");
+    if (kind == "RoleBinding") CHECK(doc["subjects"][0].value("namespace", "ml-team") == "ml-team");
+    ++namespaced;
+  }
+  CHECK(namespaced == 7);
+  CHECK(r.output.find("training") == std::string::npos);
+  CHECK(r.output.find("NAMESPACE") == std::string::npos);
 }

@@ -2,9 +2,14 @@
 // master's clock. (Real processes, signals and PyTorch are in tests/python/test_live.py.)
 #include <doctest/doctest.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "backends/live/http.h"
 #include "backends/live/job_spec.h"
@@ -300,4 +305,72 @@ TEST_CASE("a node that fell silent when the others' collectives broke is blamed,
     CHECK(failures[0]["node"] == a);
     CHECK(recoveries(h) == std::vector<std::pair<std::string, std::string>>{{"software_error", "restart_process"}});
   }
+}
+
+TEST_CASE("every refusal is counted by reason in /metrics: token, bad requests, and what the HTTP server refused itself") {
+  // A real server on loopback with a short read timeout, and raw sockets for what no HTTP client sends.
+  Harness h(nullptr, 2);
+  boost::asio::io_context io;
+  live::HttpServer server(io, "127.0.0.1", 0, [&](const live::HttpRequest& r) { return h.master->handle(r); }, 1 << 20,
+                          nullptr, std::chrono::milliseconds(300));
+  h.master->set_transport_refusals([&server] { return server.refusals(); });
+  std::thread loop([&] { io.run(); });
+  auto raw = [&](const std::string& bytes, int wait_ms) {
+    boost::asio::io_context cio;
+    boost::asio::ip::tcp::socket sock(cio);
+    sock.connect({boost::asio::ip::make_address("127.0.0.1"), server.port()});
+    boost::asio::write(sock, boost::asio::buffer(bytes));
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    boost::system::error_code ec;
+    char buf[4096];
+    const size_t n = sock.read_some(boost::asio::buffer(buf), ec);
+    return std::string(buf, ec ? 0 : n);
+  };
+  CHECK(raw("POST /v1/register HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n{", 50).rfind("HTTP/1.1 413", 0) == 0);
+  CHECK(raw("GET / HTTP/1.1\r\nX: " + std::string(17000, 'a') + "\r\n\r\n", 50).rfind("HTTP/1.1 413", 0) == 0);
+  CHECK(raw("GARBAGE\r\n\r\n", 50).rfind("HTTP/1.1 400", 0) == 0);
+  raw("POST /v1/register HTTP/1.1\r\nContent-Le", 700);  // begun, never finished: closed after 300 ms
+  raw("", 700);                                            // an idle connection closing is no refusal
+  const auto url = live::Url::parse("http://127.0.0.1:" + std::to_string(server.port()));
+  CHECK(live::http_call(url, "POST", "/v1/register", "wrong", "{}", 2000)->status == 401);
+  CHECK(live::http_call(url, "POST", "/v1/register", "tok", "{not json", 2000)->status == 400);
+  CHECK(live::http_call(url, "POST", "/v1/register", "tok", R"({"name": 5})", 2000)->status == 400);
+  const std::string m = live::http_call(url, "GET", "/metrics", "", "", 2000)->body;
+  io.stop();
+  loop.join();
+  CAPTURE(m);
+  CHECK(m.find("goodput_api_refused_total{reason=\"token\"} 1\n") != std::string::npos);
+  CHECK(m.find("goodput_api_refused_total{reason=\"bad_request\"} 2\n") != std::string::npos);
+  CHECK(m.find("goodput_api_refused_total{reason=\"body_too_large\"} 1\n") != std::string::npos);
+  CHECK(m.find("goodput_api_refused_total{reason=\"headers_too_large\"} 1\n") != std::string::npos);
+  CHECK(m.find("goodput_api_refused_total{reason=\"malformed_http\"} 1\n") != std::string::npos);
+  CHECK(m.find("goodput_api_refused_total{reason=\"slow_request\"} 1\n") != std::string::npos);
+}
+
+TEST_CASE("the status endpoints' access: open on loopback, the token elsewhere (metrics open), or as set") {
+  Harness h(nullptr, 2);
+  auto get = [&](const std::string& path, const std::string& auth) {
+    live::HttpRequest r;
+    r.method = "GET";
+    r.target = path;
+    r.authorization = auth;
+    return h.master->handle(r).status;
+  };
+  h.master->set_read_access(live::ReadAccess::Auto, "127.0.0.1");
+  CHECK(get("/status", "") == 200);
+  CHECK(get("/", "") == 200);
+  CHECK(get("/metrics", "") == 200);
+  h.master->set_read_access(live::ReadAccess::Auto, "0.0.0.0");
+  CHECK(get("/status", "") == 401);
+  CHECK(get("/", "Bearer nope") == 401);
+  CHECK(get("/status", "Bearer tok") == 200);
+  CHECK(get("/metrics", "") == 200);  // a Prometheus scraper on the private network
+  CHECK(get("/healthz", "") == 200);  // the readiness probe: says nothing of the job
+  h.master->set_read_access(live::ReadAccess::Token, "::1");
+  CHECK(get("/metrics", "") == 401);
+  CHECK(get("/metrics", "Bearer tok") == 200);
+  CHECK(get("/status", "") == 401);
+  h.master->set_read_access(live::ReadAccess::Open, "0.0.0.0");
+  CHECK(get("/status", "") == 200);
+  CHECK(get("/metrics", "") == 200);
 }

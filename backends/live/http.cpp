@@ -23,7 +23,15 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 namespace {
 
-constexpr auto kIdleTimeout = std::chrono::seconds(30);
+// The server's refusal counters, shared with its connections (which may outlive the server).
+struct RefusalCounters {
+  std::atomic<uint64_t> body_too_large{0}, headers_too_large{0}, malformed{0}, slow_request{0};
+  void count(beast::error_code ec) {
+    if (ec == http::error::body_limit) ++body_too_large;
+    else if (ec == http::error::header_limit) ++headers_too_large;
+    else ++malformed;
+  }
+};
 
 using Parser = http::request_parser<http::string_body>;
 
@@ -55,12 +63,17 @@ beast::tcp_stream& lowest(TlsStream& s) { return beast::get_lowest_layer(s); }
 template <class Stream>
 class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(Stream stream, const HttpServer::Handler& handler, size_t body_limit)
-      : stream_(std::move(stream)), handler_(handler), body_limit_(body_limit) {}
+  Session(Stream stream, const HttpServer::Handler& handler, size_t body_limit, std::chrono::milliseconds read_timeout,
+          std::shared_ptr<RefusalCounters> refusals)
+      : stream_(std::move(stream)),
+        handler_(handler),
+        body_limit_(body_limit),
+        read_timeout_(read_timeout),
+        refusals_(std::move(refusals)) {}
 
   void start() {
     if constexpr (std::is_same_v<Stream, TlsStream>) {
-      lowest(stream_).expires_after(kIdleTimeout);
+      lowest(stream_).expires_after(read_timeout_);
       stream_.async_handshake(ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
         if (!ec) self->read();  // a client that does not speak TLS is simply dropped
       });
@@ -73,7 +86,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   void read() {
     parser_.emplace();
     set_limits(*parser_, body_limit_);
-    lowest(stream_).expires_after(kIdleTimeout);
+    lowest(stream_).expires_after(read_timeout_);
     http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_read(ec);
     });
@@ -81,10 +94,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   void on_read(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == asio::error::connection_reset) {
+      // An idle keep-alive connection timing out is normal; one that began a request and stalled is not.
+      if (ec == beast::error::timeout && parser_->got_some()) ++refusals_->slow_request;
       close();
       return;
     }
     if (ec) {
+      refusals_->count(ec);
       respond(refusal(ec), false);  // oversized or malformed: answer once, then hang up
       return;
     }
@@ -125,6 +141,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::optional<Parser> parser_;
   const HttpServer::Handler& handler_;
   size_t body_limit_;
+  std::chrono::milliseconds read_timeout_;
+  std::shared_ptr<RefusalCounters> refusals_;
 };
 
 }  // namespace
@@ -150,18 +168,20 @@ ParsedRequest parse_request(std::string_view bytes, size_t body_limit) {
 }
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
-  Impl(asio::io_context& io, Handler h, size_t limit) : acceptor(io), handler(std::move(h)), body_limit(limit) {}
+  Impl(asio::io_context& io, Handler h, size_t limit, std::chrono::milliseconds timeout)
+      : acceptor(io), handler(std::move(h)), body_limit(limit), read_timeout(timeout) {}
   void accept() {
     acceptor.async_accept([self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
       if (!ec) {
         ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
         if (self->tls)
-          std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *self->tls), self->handler, self->body_limit)
+          std::make_shared<Session<TlsStream>>(TlsStream(std::move(socket), *self->tls), self->handler, self->body_limit,
+                                               self->read_timeout, self->refusals)
               ->start();
         else
           std::make_shared<Session<beast::tcp_stream>>(beast::tcp_stream(std::move(socket)), self->handler,
-                                                       self->body_limit)
+                                                       self->body_limit, self->read_timeout, self->refusals)
               ->start();
       }
       self->accept();
@@ -170,12 +190,14 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   tcp::acceptor acceptor;
   Handler handler;
   size_t body_limit;
+  std::chrono::milliseconds read_timeout;
+  std::shared_ptr<RefusalCounters> refusals = std::make_shared<RefusalCounters>();
   std::optional<ssl::context> tls;
 };
 
 HttpServer::HttpServer(asio::io_context& io, const std::string& address, uint16_t port, Handler handler,
-                       size_t body_limit, const TlsFiles* tls)
-    : impl_(std::make_shared<Impl>(io, std::move(handler), body_limit)) {
+                       size_t body_limit, const TlsFiles* tls, std::chrono::milliseconds read_timeout)
+    : impl_(std::make_shared<Impl>(io, std::move(handler), body_limit, read_timeout)) {
   if (tls) {
     impl_->tls.emplace(ssl::context::tls_server);
     impl_->tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
@@ -203,6 +225,11 @@ HttpServer::HttpServer(asio::io_context& io, const std::string& address, uint16_
 HttpServer::~HttpServer() { stop(); }
 
 uint16_t HttpServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+HttpRefusals HttpServer::refusals() const {
+  const RefusalCounters& c = *impl_->refusals;
+  return {c.body_too_large.load(), c.headers_too_large.load(), c.malformed.load(), c.slow_request.load()};
+}
 
 void HttpServer::stop() {
   beast::error_code ec;

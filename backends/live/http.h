@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -46,16 +47,28 @@ struct TlsFiles {
   std::string key_file;
 };
 
+// What the server refused before any handler saw a request, by reason (for /metrics: an operator
+// alerting on abuse, or on agents of a version that sends what this master does not take).
+struct HttpRefusals {
+  uint64_t body_too_large = 0;     // 413: Content-Length or chunks over the body limit
+  uint64_t headers_too_large = 0;  // 413: headers over 16 KiB
+  uint64_t malformed = 0;          // 400: bytes that are not an HTTP request
+  uint64_t slow_request = 0;       // closed: a request begun but not finished within the read timeout
+};
+
 class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
   // Listens on address:port (port 0: any free port); with tls, speaks only HTTPS (TLS 1.2+).
-  // Bodies over body_limit bytes are refused with 413 before they are read.
+  // Bodies over body_limit bytes are refused with 413 before they are read. A connection that
+  // sends nothing, or only part of a request, for read_timeout is closed.
   HttpServer(boost::asio::io_context& io, const std::string& address, uint16_t port, Handler handler,
-             size_t body_limit = 1 << 20, const TlsFiles* tls = nullptr);
+             size_t body_limit = 1 << 20, const TlsFiles* tls = nullptr,
+             std::chrono::milliseconds read_timeout = std::chrono::seconds(30));
   ~HttpServer();
   uint16_t port() const;
   void stop();
+  HttpRefusals refusals() const;  // thread-safe
 
  private:
   struct Impl;

@@ -380,26 +380,44 @@ uint16_t LiveMaster::pick_port() const {
 
 // ---- HTTP ------------------------------------------------------------------------------------------
 
+void LiveMaster::set_read_access(ReadAccess access, const std::string& listen_address) {
+  boost::system::error_code ec;
+  const auto addr = boost::asio::ip::make_address(listen_address, ec);
+  const bool loopback = !ec && addr.is_loopback();
+  status_needs_token_ = access == ReadAccess::Token || (access == ReadAccess::Auto && !loopback);
+  metrics_need_token_ = access == ReadAccess::Token;
+}
+
 HttpResponse LiveMaster::handle(const HttpRequest& req) {
   const std::string path = req.target.substr(0, req.target.find('?'));
-  if (req.method == "GET" && path == "/status") return reply(200, status());
-  if (req.method == "GET" && path == "/metrics") return {200, "text/plain; version=0.0.4", metrics()};
-  if (req.method == "GET" && path == "/") return {200, "text/html; charset=utf-8", page()};
-  if (path.rfind("/v1/", 0) != 0) return error(404, "no such endpoint: " + path);
-  if (!same_token(req.authorization, "Bearer " + token_)) {
+  const bool authorized = same_token(req.authorization, "Bearer " + token_);
+  auto refuse_token = [&] {
     ++unauthorized_;  // in /metrics, and in the log at most once a minute: a flood must not grow it
     refused_peer_ = req.peer_address.substr(0, 100);
     log_refusals(false);
     return error(401, "missing or wrong bearer token");
+  };
+  if (req.method == "GET" && path == "/healthz") return {200, "text/plain", "ok\n"};  // says nothing of the job
+  if (req.method == "GET" && (path == "/status" || path == "/metrics" || path == "/")) {
+    if (!authorized && (path == "/metrics" ? metrics_need_token_ : status_needs_token_)) return refuse_token();
+    if (path == "/status") return reply(200, status());
+    if (path == "/metrics") return {200, "text/plain; version=0.0.4", metrics()};
+    return {200, "text/html; charset=utf-8", page()};
   }
+  if (path.rfind("/v1/", 0) != 0) return error(404, "no such endpoint: " + path);
+  if (!authorized) return refuse_token();
   if (req.method != "POST") return error(405, "use POST");
   json body;
   try {
     body = json::parse(req.body);
   } catch (const json::exception&) {
+    ++bad_requests_;
     return error(400, "body is not valid JSON");
   }
-  if (!body.is_object()) return error(400, "body must be a JSON object");
+  if (!body.is_object()) {
+    ++bad_requests_;
+    return error(400, "body must be a JSON object");
+  }
   try {
     HttpResponse r;
     if (path == "/v1/register") r = on_register(body, req.peer_address);
@@ -413,6 +431,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
     if (path != "/v1/heartbeat" && path != "/v1/exit") advance();  // a heartbeat advanced before its answer
     return r;
   } catch (const BadRequest& e) {
+    ++bad_requests_;
     return error(400, e.what());
   }
 }
@@ -1316,6 +1335,16 @@ std::string LiveMaster::metrics() const {
   o << "# HELP goodput_api_unauthorized_total Agent API requests refused for a missing or wrong token.\n"
     << "# TYPE goodput_api_unauthorized_total counter\n"
     << "goodput_api_unauthorized_total " << unauthorized_ << "\n";
+  // Every refusal by reason: the token's, the handlers' (400), and the HTTP server's own (before any
+  // handler saw a request).
+  const HttpRefusals t = transport_refusals_ ? transport_refusals_() : HttpRefusals{};
+  o << "# HELP goodput_api_refused_total Requests the master refused, by reason.\n"
+    << "# TYPE goodput_api_refused_total counter\n";
+  const std::pair<const char*, uint64_t> reasons[] = {
+      {"token", static_cast<uint64_t>(unauthorized_)}, {"bad_request", static_cast<uint64_t>(bad_requests_)},
+      {"body_too_large", t.body_too_large},           {"headers_too_large", t.headers_too_large},
+      {"malformed_http", t.malformed},                {"slow_request", t.slow_request}};
+  for (const auto& [reason, n] : reasons) o << "goodput_api_refused_total{reason=\"" << reason << "\"} " << n << "\n";
   return o.str();
 }
 

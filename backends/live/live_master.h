@@ -9,6 +9,7 @@
 // the event log: a restarted master folds the log and the agents' next heartbeats fill in the rest.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -76,6 +77,11 @@ class LiveClock final : public Clock {
   int64_t mono_start_ = 0;
 };
 
+// Who may read the master's status endpoints (GET /status, / and /metrics; the agent API always
+// wants the token). Auto: open on a loopback address; elsewhere /status and the page want the token
+// and /metrics stays open for a Prometheus scraper.
+enum class ReadAccess : uint8_t { Auto, Open, Token };
+
 class LiveMaster final : public Backend, public EventSink {
  public:
   // With a fresh store, starts the job; with a store that holds a log, resumes it.
@@ -85,6 +91,10 @@ class LiveMaster final : public Backend, public EventSink {
              std::string token, std::string run_id);
 
   HttpResponse handle(const HttpRequest& request);
+  // How the status endpoints are served: `access` for a master listening on `listen_address`.
+  void set_read_access(ReadAccess access, const std::string& listen_address);
+  // Where /metrics reads the HTTP server's own refusals (requests no handler saw).
+  void set_transport_refusals(std::function<HttpRefusals()> refusals) { transport_refusals_ = std::move(refusals); }
   // Timeouts, provider notices, settled failures. Call every few tens of milliseconds.
   void tick();
 
@@ -249,6 +259,9 @@ class LiveMaster final : public Backend, public EventSink {
   int32_t grow_back_lost_ = 0;            // of those, asked for a slot outside a shrunk world
   std::optional<Time> grow_back_at_;      // when to ask for such a slot's machine again
   int64_t unauthorized_ = 0;
+  int64_t bad_requests_ = 0;  // 400s from the API's handlers: not JSON, wrong fields
+  bool status_needs_token_ = false, metrics_need_token_ = false;
+  std::function<HttpRefusals()> transport_refusals_;
   int64_t unauthorized_logged_ = 0;       // of those, the ones api_refused events counted
   std::string refused_peer_;              // where the newest came from
   std::optional<Time> refusals_logged_at_;

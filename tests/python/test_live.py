@@ -939,6 +939,12 @@ class LiveTest(unittest.TestCase):
             self.assertIn('goodput_nodes{state="not_training"} 2', metrics)
             self.assertIn("goodput_ratio ", metrics)
             self.assertIn("goodput_api_unauthorized_total 2", metrics)
+            # Every refusal by reason, the HTTP server's own (the 413 above) included.
+            self.assertIn('goodput_api_refused_total{reason="token"} 2\n', metrics)
+            self.assertIn('goodput_api_refused_total{reason="body_too_large"} 1\n', metrics)
+            self.assertIn('goodput_api_refused_total{reason="bad_request"} 1\n', metrics)
+            with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+                self.assertEqual(r.read(), b"ok\n")
             # A client that sends half a request and stalls (slowloris) holds only its own connection.
             with socket.create_connection((host, int(port)), timeout=5) as slow:
                 slow.sendall(b"POST /v1/register HTTP/1.1\r\nHost: x\r\nContent-Le")
