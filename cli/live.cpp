@@ -126,6 +126,15 @@ struct ServeOptions {
 int serve(ServeOptions o) {
   if (o.tls.cert_file.empty() != o.tls.key_file.empty())
     throw LiveError("give both --tls-cert and --tls-key, or neither");
+  if (o.spec_path.empty()) {
+    // `--resume --run-dir DIR` alone: the run directory remembers the spec it was started with.
+    if (!o.resume) throw LiveError("give the job spec (JOB.json), or --resume with --run-dir to continue a run");
+    if (o.run_dir.empty()) throw LiveError("--resume without a job spec needs --run-dir: the run to continue");
+    o.spec_path = read_first_line((fs::path(o.run_dir) / "job.path").string());
+    if (o.spec_path.empty())
+      throw LiveError((fs::path(o.run_dir) / "job.path").string() +
+                      ": no job spec recorded for this run (give JOB.json as well)");
+  }
   live::JobSpec spec = live::load_job_spec(o.spec_path);
   if (o.run_dir.empty()) o.run_dir = "runs/" + spec.job;
   const fs::path run_dir = fs::absolute(o.run_dir);
@@ -202,6 +211,7 @@ int serve(ServeOptions o) {
   if (!o.tls.cert_file.empty() && !std::getenv("GOODPUT_CA_FILE"))
     ::setenv("GOODPUT_CA_FILE", fs::absolute(o.tls.cert_file).c_str(), 1);
   write_private((run_dir / "master.url").string(), url + "\n");
+  write_private((run_dir / "job.path").string(), fs::absolute(o.spec_path).string() + "\n");  // for --resume alone
 
   // The URL remote nodes reach the master at: the spec's (without a port: the one it listens on),
   // else the one it listens on.
@@ -301,6 +311,7 @@ int serve(ServeOptions o) {
         std::cerr << "goodput: could not inject " << f.fault << ": " << e.what() << "\n";
       }
     }
+    for (const std::string& note : master.take_console_notes()) std::cerr << note << "\n";
     if (now - last_print >= std::chrono::seconds(1)) {
       last_print = now;
       const auto st = master.status();
@@ -359,7 +370,8 @@ int serve(ServeOptions o) {
 
 // What `run` and `master` share: the job, where its files go, the port, resuming, TLS.
 static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_dir_help) {
-  cmd->add_option("job", o.spec_path, "Job spec (JSON)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("job", o.spec_path, "Job spec (JSON); with --resume --run-dir DIR, the one that run was started with")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--run-dir", o.run_dir, run_dir_help);
   cmd->add_option("--port", o.port, "Master port (default: any free port; on --resume the old one)");
   cmd->add_option("--listen", o.listen, "Address to listen on (0.0.0.0: agents on other machines, e.g. Ray nodes)")
@@ -460,7 +472,7 @@ void add_live_commands(CLI::App& app, int& rc) {
   chk->add_flag("--now", check_now, "Stop training at once (default: right after the next checkpoint, losing no work)");
   add_master_options(chk);
   chk->callback([=] {
-    json body{{"slots", check_slots}};
+    json body = check_slots.empty() ? json{{"all", true}} : json{{"slots", check_slots}};
     if (!check_fault.empty()) body["fault"] = check_fault;
     if (!check_reason.empty()) body["reason"] = check_reason;
     if (check_now) body["now"] = true;

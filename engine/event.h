@@ -18,13 +18,17 @@ using NodeId = int32_t;  // index of a machine, stable for the whole job (names 
 // What the backend saw, before any diagnosis.
 enum class FailureKind : uint8_t { ProcessExit, NodeLost, Hang, Maintenance };
 // What the recovery policy concluded.
-// Straggler: the node works but slows the whole synchronous job down.
-enum class Diagnosis : uint8_t { SoftwareError, HardwareError, OutOfMemory, Preemption, Unknown, Straggler };
+// Straggler: the node works but slows the whole synchronous job down. ConfigurationError: the job
+// as given cannot run (its command does not exist or cannot execute, its script does not import):
+// no restart or relaunch can fix that.
+enum class Diagnosis : uint8_t {
+  SoftwareError, HardwareError, OutOfMemory, Preemption, Unknown, Straggler, ConfigurationError
+};
 enum class RecoveryAction : uint8_t { RestartProcess, RelaunchNode, RelaunchWithMoreMemory, GiveUp };
 // Where a checkpoint lives. None: a fresh start, nothing to load.
 enum class Tier : uint8_t { None, Memory, Storage };
 
-constexpr int kDiagnosisCount = 6;
+constexpr int kDiagnosisCount = 7;
 constexpr int kRecoveryActionCount = 4;
 
 // ---- observations -------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",
                                                                       "out_of_memory", "preemption", "unknown",
-                                                                      "straggler"};
+                                                                      "straggler", "configuration_error"};
 constexpr std::array<std::string_view, kRecoveryActionCount> kActions = {"restart_process", "relaunch_node",
                                                                          "relaunch_with_more_memory", "give_up"};
 constexpr std::array<std::string_view, 3> kTiers = {"none", "memory", "storage"};

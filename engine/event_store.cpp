@@ -120,7 +120,11 @@ SqliteStore::~SqliteStore() {
 
 void SqliteStore::fail(const std::string& what) const {
   std::string msg = path_ + ": " + what;
-  if (db_) msg += std::string(" (") + sqlite3_errmsg(db_) + ")";
+  if (db_) {
+    const int code = sqlite3_errcode(db_);
+    if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB) msg += ": the log is damaged";  // cut short or overwritten
+    msg += std::string(" (") + sqlite3_errmsg(db_) + ")";
+  }
   throw StoreError(msg);
 }
 
@@ -169,6 +173,7 @@ void SqliteStore::for_each(const std::function<void(const Event&)>& f) const {
   if (sqlite3_prepare_v2(db_, "SELECT seq,time_ns,type,payload FROM events ORDER BY seq", -1, &st, nullptr) != SQLITE_OK)
     fail("cannot read events");
   uint64_t expected = 1;
+  Time last_time = INT64_MIN;
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     Event e;
@@ -179,8 +184,15 @@ void SqliteStore::for_each(const std::function<void(const Event&)>& f) const {
     std::string where = path_ + ": event " + std::to_string(e.seq);
     if (e.seq != expected) {
       sqlite3_finalize(st);
-      throw StoreError(where + ": expected seq " + std::to_string(expected) + " (the log has a gap)");
+      throw StoreError(where + ": expected seq " + std::to_string(expected) +
+                       ": the log is damaged (events are missing: cut short, or edited)");
     }
+    if (e.time < last_time) {
+      sqlite3_finalize(st);
+      throw StoreError(where + ": its time (" + std::to_string(e.time) + " ns) is before the previous event's (" +
+                       std::to_string(last_time) + " ns): the log is damaged (a log's time never goes back)");
+    }
+    last_time = e.time;
     try {
       e.payload = payload_from_json(type ? type : "", nlohmann::json::parse(payload ? payload : ""));
     } catch (const std::exception& ex) {

@@ -171,6 +171,14 @@ void JobState::apply(const Event& e) {
           }
           ++failures_;
           ++failures_since_checkpoint_;
+          if (p.kind == FailureKind::ProcessExit && !trained_since_restart_) {
+            std::string sig = std::to_string(p.exit_code) + "/" + std::to_string(p.signal) + "/" + p.reason.substr(0, 256);
+            startup_repeats_ = sig == startup_signature_ ? startup_repeats_ + 1 : 1;
+            startup_signature_ = std::move(sig);
+          } else {
+            startup_repeats_ = 0;
+            startup_signature_.clear();
+          }
           last_failure_kind_ = p.kind;
           if (p.node >= 0) {
             ++node_failures_[p.node];
@@ -226,6 +234,9 @@ void JobState::apply(const Event& e) {
             add_loss(Loss::Recompute, progress_ - target);
             take_back_progress(target);
             stage_ = Stage::Training;
+            trained_since_restart_ = true;
+            startup_repeats_ = 0;
+            startup_signature_.clear();
           } else if constexpr (std::is_same_v<T, CheckpointPersisted>) {
             checkpoints_.on_persisted(p.step);
             persisted_ += std::max<int64_t>(p.count, 1);
@@ -252,6 +263,7 @@ void JobState::apply(const Event& e) {
             } else if (p.action == RecoveryAction::GiveUp && !gave_up_) {
               gave_up_ = true;
               gave_up_at_ = now_;
+              gave_up_rule_ = p.rule;
             }
           } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
             plan_ = p;
@@ -274,6 +286,7 @@ void JobState::apply(const Event& e) {
           } else if constexpr (std::is_same_v<T, RestartJob>) {
             stage_ = Stage::Restart;
             restart_ = p;
+            trained_since_restart_ = false;
             training_world_ = p.world_size;
             ++restart_jobs_;
             last_backoff_ = 0;

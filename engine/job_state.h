@@ -74,6 +74,7 @@ class JobState {
   int32_t restarts() const { return restart_jobs_ > 0 ? restart_jobs_ - 1 : 0; }
   bool gave_up() const { return gave_up_; }
   Time gave_up_at() const { return gave_up_at_; }  // when it gave up (if it did)
+  const std::string& gave_up_because() const { return gave_up_rule_; }  // the give-up decision's rule
 
   // ---- failures (for policies) ----
   int32_t failures() const { return failures_; }
@@ -82,6 +83,11 @@ class JobState {
   int32_t failures_of_since(NodeId n, Time since) const;
   static constexpr size_t kRecentFailures = 1024;
   int32_t failures_since_checkpoint() const { return failures_since_checkpoint_; }
+  // The job trained since its last (re)start (its trainers got as far as loading their state).
+  bool trained_since_restart() const { return trained_since_restart_; }
+  // Process exits in a row, with the same exit code, signal and reason and no training between
+  // them, this one included: a job that cannot start fails the same way on every try.
+  int32_t repeated_startup_failures() const { return startup_repeats_; }
   Duration last_backoff() const { return last_backoff_; }
 
   // ---- checkpoints ----
@@ -132,6 +138,10 @@ class JobState {
   bool finished_ = false;
   bool gave_up_ = false;
   Time gave_up_at_ = 0;
+  std::string gave_up_rule_;
+  bool trained_since_restart_ = false;
+  int32_t startup_repeats_ = 0;
+  std::string startup_signature_;
   std::string finish_reason_;
   Time start_ = 0;
   Time now_ = 0;

@@ -32,6 +32,14 @@ int64_t ConfigReader::integer(const char* key, int64_t fallback, int64_t min, in
   return v;
 }
 
+bool ConfigReader::boolean(const char* key, bool fallback) {
+  known_.insert(key);
+  auto it = j_.find(key);
+  if (it == j_.end()) return fallback;
+  if (!it->is_boolean()) fail(key, "must be true or false");
+  return it->get<bool>();
+}
+
 double ConfigReader::number(const char* key, double fallback, double min, double max) {
   known_.insert(key);
   auto it = j_.find(key);

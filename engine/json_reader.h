@@ -23,6 +23,7 @@ class ConfigReader {
   std::string text(const char* key, const std::string& fallback);
   int64_t integer(const char* key, int64_t fallback, int64_t min, int64_t max);
   double number(const char* key, double fallback, double min, double max);
+  bool boolean(const char* key, bool fallback);
   Duration duration(const char* key, Duration fallback);
   bool has(const char* key) const { return j_.contains(key); }
   const nlohmann::json* child(const char* key);

@@ -37,6 +37,11 @@ constexpr const char* kDefaultRules = R"([
   {"name": "hang", "kinds": ["hang"], "diagnosis": "unknown"},
   {"name": "nccl-timeout", "reason_contains": ["NCCL watchdog", "Watchdog caught collective operation timeout"],
    "diagnosis": "unknown"},
+  {"name": "cannot-exec", "kinds": ["process_exit"], "exit_codes": [126, 127], "diagnosis": "configuration_error"},
+  {"name": "cannot-run", "reason_contains": ["cannot run ", "exec format error"], "diagnosis": "configuration_error"},
+  {"name": "python-startup", "kinds": ["process_exit"], "before_training": true,
+   "reason_contains": ["ModuleNotFoundError", "ImportError", "SyntaxError", "IndentationError", "can't open file"],
+   "diagnosis": "configuration_error"},
   {"name": "process-exit", "kinds": ["process_exit"], "diagnosis": "software_error"},
   {"name": "fallback", "diagnosis": "unknown"}
 ])";
@@ -55,7 +60,11 @@ DiagnosisTable DiagnosisTable::from_json(const nlohmann::json& j, const std::str
     rule.name = r.text("name", "rule-" + std::to_string(i));
     const std::string d = r.text("diagnosis", "");
     auto diag = diagnosis_from(d);
-    if (!diag) r.fail("diagnosis", "must be one of software_error, hardware_error, out_of_memory, preemption, unknown");
+    if (!diag)
+      r.fail("diagnosis",
+             "must be one of software_error, hardware_error, out_of_memory, preemption, unknown, straggler, "
+             "configuration_error");
+    rule.before_training = r.boolean("before_training", false);
     rule.diagnosis = *diag;
     auto list = [&](const char* key, auto&& each) {
       const nlohmann::json* v = r.child(key);
@@ -86,9 +95,10 @@ DiagnosisTable DiagnosisTable::from_json(const nlohmann::json& j, const std::str
   return t;
 }
 
-DiagnosisTable::Result DiagnosisTable::diagnose(const FailureObserved& f) const {
+DiagnosisTable::Result DiagnosisTable::diagnose(const FailureObserved& f, bool trained) const {
   const std::string reason = lower(f.reason);
   for (const DiagnosisRule& r : rules_) {
+    if (r.before_training && trained) continue;
     if (!any_of_or_empty(r.kinds, f.kind) || !any_of_or_empty(r.exit_codes, f.exit_code) ||
         !any_of_or_empty(r.signals, f.signal))
       continue;

@@ -25,6 +25,10 @@ struct RecoveryLimits {
   int32_t max_failures = 10000;
   Duration backoff_base = 0;          // wait before restart, doubled per failure without a checkpoint since
   Duration backoff_max = 5 * kMinute;
+  // A job that fails the same way again and again before it trains at all cannot start: it backs
+  // off (startup_backoff, doubled each time) and gives up at the max_startup_failures-th failure.
+  int32_t max_startup_failures = 5;
+  Duration startup_backoff = kSecond;
 
   void read(ConfigReader& r) {
     max_restarts_per_node = static_cast<int32_t>(r.integer(
@@ -34,6 +38,31 @@ struct RecoveryLimits {
     max_failures = static_cast<int32_t>(r.integer("max_failures", max_failures, 0, 100'000'000));
     backoff_base = r.duration("backoff_base", backoff_base);
     backoff_max = r.duration("backoff_max", backoff_max);
+    max_startup_failures = static_cast<int32_t>(r.integer("max_startup_failures", max_startup_failures, 0, 1'000'000));
+    startup_backoff = r.duration("startup_backoff", startup_backoff);
+  }
+  // A failure before the job trained since its restart, repeating the one before it.
+  bool repeats_at_startup(const JobState& s, const FailureObserved& f) const {
+    return f.kind == FailureKind::ProcessExit && !s.trained_since_restart() && s.repeated_startup_failures() > 1;
+  }
+  // The limits every policy applies after its own decision: the same failure before any training
+  // (no node is to blame: back off, then give up), the job's failure budget, the restart backoff.
+  void apply(const JobState& s, const FailureObserved& f, RecoveryDecided& d) const {
+    d.backoff = backoff(s);
+    if (repeats_at_startup(s, f)) {
+      const int32_t n = s.repeated_startup_failures();
+      if (startup_backoff > 0) d.backoff = std::max(d.backoff, std::min(backoff_max, startup_backoff << std::min(n - 2, 30)));
+      if (max_startup_failures > 0 && n >= max_startup_failures && d.action != RecoveryAction::GiveUp) {
+        d.action = RecoveryAction::GiveUp;
+        d.rule = "give up: the same failure " + std::to_string(n) + " times before the job trained (exit code " +
+                 std::to_string(f.exit_code) + (f.signal ? ", signal " + std::to_string(f.signal) : "") +
+                 (f.reason.empty() ? "" : ": " + f.reason.substr(0, 300)) + ")";
+      }
+    }
+    if (max_failures > 0 && s.failures() > max_failures && d.action != RecoveryAction::GiveUp) {
+      d.action = RecoveryAction::GiveUp;
+      d.rule = "give up: " + std::to_string(s.failures()) + " failures";
+    }
   }
   // Failures of `node` that count against it now, this one included.
   int32_t recent_failures(const JobState& s, NodeId node) const {
@@ -59,7 +88,8 @@ class DiagnoseRecovery final : public RecoveryPolicy {
     restore_memory_ = r.text("restore_from", "memory") == "memory";
     if (const auto* rules = r.child("diagnosis")) table_ = DiagnosisTable::from_json(*rules, r.where() + ".diagnosis");
     actions_ = {RecoveryAction::RestartProcess, RecoveryAction::RelaunchNode, RecoveryAction::RelaunchWithMoreMemory,
-                RecoveryAction::RelaunchNode, RecoveryAction::RestartProcess, RecoveryAction::RelaunchNode};
+                RecoveryAction::RelaunchNode, RecoveryAction::RestartProcess, RecoveryAction::RelaunchNode,
+                RecoveryAction::GiveUp};
     replace_stragglers_above_ = r.number("replace_stragglers_above", 0.0, 0.0, 1000.0);
     if (replace_stragglers_above_ != 0.0 && replace_stragglers_above_ <= 1.0)
       r.fail("replace_stragglers_above", "must be 0 (never) or a slowdown factor above 1");
@@ -79,26 +109,27 @@ class DiagnoseRecovery final : public RecoveryPolicy {
   }
 
   RecoveryDecided on_failure(const JobState& s, const FailureObserved& f) const override {
-    const auto diag = table_.diagnose(f);
+    const auto diag = table_.diagnose(f, s.trained_since_restart());
     RecoveryDecided d;
     d.node = f.node;
     d.diagnosis = diag.diagnosis;
     d.action = actions_[static_cast<size_t>(diag.diagnosis)];
     d.attempt = s.failures_of(f.node);
     d.rule = *diag.rule;
+    if (d.diagnosis == Diagnosis::ConfigurationError)  // the console and the report say why
+      d.rule += ": " + (f.reason.empty() ? "exit code " + std::to_string(f.exit_code) : f.reason.substr(0, 300));
+    // A node that keeps failing is relaunched elsewhere, unless the failure is the job's own: the
+    // same one again before it trained would follow it to any machine.
     if (const int32_t recent = limits_.recent_failures(s, f.node);
-        d.action == RecoveryAction::RestartProcess && recent > limits_.max_restarts_per_node) {
+        d.action == RecoveryAction::RestartProcess && recent > limits_.max_restarts_per_node &&
+        !limits_.repeats_at_startup(s, f)) {
       d.action = RecoveryAction::RelaunchNode;
       d.rule = "escalate: node failed " + std::to_string(recent) + " times" +
                (limits_.restart_window > 0 ? " in " + format_duration(limits_.restart_window) : "");
     }
     if (d.action == RecoveryAction::RelaunchWithMoreMemory)
       d.memory_permille = static_cast<int32_t>(std::lround(memory_factor_ * 1000));
-    if (limits_.max_failures > 0 && s.failures() > limits_.max_failures) {
-      d.action = RecoveryAction::GiveUp;
-      d.rule = "give up: " + std::to_string(s.failures()) + " failures";
-    }
-    d.backoff = limits_.backoff(s);
+    limits_.apply(s, f, d);
     return d;
   }
   bool restore_from_memory() const override { return restore_memory_; }
@@ -142,11 +173,7 @@ class RestartAllRecovery final : public RecoveryPolicy {
     d.action = machine_gone ? RecoveryAction::RelaunchNode : RecoveryAction::RestartProcess;
     d.attempt = s.failures_of(f.node);
     d.rule = machine_gone ? "machine gone" : "restart all";
-    if (limits_.max_failures > 0 && s.failures() > limits_.max_failures) {
-      d.action = RecoveryAction::GiveUp;
-      d.rule = "give up: " + std::to_string(s.failures()) + " failures";
-    }
-    d.backoff = limits_.backoff(s);
+    limits_.apply(s, f, d);
     return d;
   }
   bool restore_from_memory() const override { return false; }

@@ -27,6 +27,9 @@ struct DiagnosisRule {
   std::vector<int32_t> exit_codes;         // empty: any
   std::vector<int32_t> signals;            // empty: any
   std::vector<std::string> reason_contains;  // empty: any; substrings (stored lower-case, matched ignoring ASCII case)
+  // Only for a failure before the job trained at all since its last (re)start: a Python import
+  // error then is the job's configuration; the same text from a running trainer is a bug.
+  bool before_training = false;
   Diagnosis diagnosis = Diagnosis::Unknown;
 };
 
@@ -38,7 +41,8 @@ class DiagnosisTable {
     Diagnosis diagnosis;
     const std::string* rule;
   };
-  Result diagnose(const FailureObserved& f) const;
+  // trained: the job trained since its last (re)start (rules with before_training do not apply).
+  Result diagnose(const FailureObserved& f, bool trained = true) const;
   const std::vector<DiagnosisRule>& rules() const { return rules_; }
 
  private:

@@ -211,10 +211,13 @@ std::string report_html(const Report& r, const Timeline& t, const std::string& t
   o << head(title) << "<h1>" << esc(title) << "</h1>\n<div class=\"sub\">job <b>" << esc(r.job) << "</b>, policy <b>"
     << esc(r.policy) << "</b>, " << r.nodes << " nodes, " << r.accelerators << " accelerators, ended: "
     << esc(r.end_reason) << "</div>\n";
-  if (r.gave_up)
+  if (r.gave_up) {
     o << "<p class=\"warn\" id=\"gave-up\">The job gave up after " << esc(format_duration(r.gave_up_after)) << " and "
-      << r.failures << " failures; the remaining " << esc(format_duration(r.wall - r.gave_up_after))
-      << " of its wall time are charged as gave_up.</p>\n";
+      << r.failures << " failures";
+    if (r.loss[static_cast<size_t>(Loss::GaveUp)] >= kMillisecond)
+      o << "; the remaining " << esc(format_duration(r.wall - r.gave_up_after)) << " of its wall time are charged as gave_up";
+    o << ". Why: " << esc(r.gave_up_reason) << "</p>\n";
+  }
   o << "<div class=\"cards\">\n";
   auto card = [&](const char* id, const std::string& text, const std::string& value, const char* label) {
     o << "<div class=\"card\"><div class=\"v\" id=\"" << id << "\" data-value=\"" << value << "\">" << text

@@ -35,6 +35,7 @@ Report make_report(const JobState& s) {
   r.end_reason = s.finished() ? s.finish_reason() : "running";
   r.gave_up = s.gave_up();
   r.gave_up_after = s.gave_up() ? s.gave_up_at() - s.start_time() : 0;
+  r.gave_up_reason = s.gave_up_because();
   r.nodes = s.job().nodes;
   r.accelerators = s.job().nodes * s.job().accelerators_per_node;
   r.wall = s.wall();
@@ -61,7 +62,10 @@ nlohmann::ordered_json report_json(const Report& r) {
   j["policy"] = r.policy;
   j["end"] = r.end_reason;
   j["gave_up"] = r.gave_up;
-  if (r.gave_up) j["gave_up_after_ns"] = r.gave_up_after;
+  if (r.gave_up) {
+    j["gave_up_after_ns"] = r.gave_up_after;
+    j["gave_up_reason"] = r.gave_up_reason;
+  }
   j["nodes"] = r.nodes;
   j["accelerators"] = r.accelerators;
   j["wall_ns"] = r.wall;
@@ -92,10 +96,14 @@ std::string report_text(const Report& r) {
                 r.accelerators, r.policy.c_str(), r.end_reason.c_str());
   o += b;
   if (r.gave_up) {
-    std::snprintf(b, sizeof b,
-                  "  GAVE UP after %s and %d failures: the remaining %s of its wall time are charged as gave_up\n",
-                  format_duration(r.gave_up_after).c_str(), r.failures, format_duration(r.wall - r.gave_up_after).c_str());
+    std::snprintf(b, sizeof b, "  GAVE UP after %s and %d failures", format_duration(r.gave_up_after).c_str(), r.failures);
     o += b;
+    if (r.loss[static_cast<size_t>(Loss::GaveUp)] >= kMillisecond) {  // a simulated horizon, not a live end
+      std::snprintf(b, sizeof b, ": the remaining %s of its wall time are charged as gave_up",
+                    format_duration(r.wall - r.gave_up_after).c_str());
+      o += b;
+    }
+    o += "\n    why: " + r.gave_up_reason + "\n";
   }
   std::snprintf(b, sizeof b, "  goodput              %s   (accelerator-weighted %s)\n", pct(r.goodput).c_str(),
                 pct(r.accelerator_goodput).c_str());

@@ -20,6 +20,7 @@ struct Report {
   // of the horizon is charged to the gave_up loss.
   bool gave_up = false;
   Duration gave_up_after = 0;
+  std::string gave_up_reason;  // the give-up decision's rule
   int32_t nodes = 0;
   int32_t accelerators = 0;
   Duration wall = 0;

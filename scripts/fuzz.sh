@@ -53,7 +53,8 @@ printf '%s\n' $'/v1/register\t{"name":"a","check_port":7001}' $'/v1/register\t{"
   $'/v1/heartbeat\t{"node":0,"check":{"round":1,"id":200000000,"compute_mflops":900,"compute_ok":true,"link_ok":false,"error":"e"}}' \
   $'/v1/heartbeat\t{"node":1,"check":{"round":1,"id":200000000,"compute_mflops":300,"compute_ok":true,"link_ok":true,"link_mb_per_s":5}}' \
   $'/v1/heartbeat\t{"node":0,"check":{"round":2,"id":600000000,"compute_mflops":900,"compute_ok":false}}' \
-  $'/v1/check\t{"slots":[1],"fault":"slow:2","reason":"r"}' $'/v1/heartbeat\t{"node":1}' '/status' > "$corpus/api/check-session"
+  $'/v1/check\t{"slots":[1],"fault":"slow:2","reason":"r"}' $'/v1/heartbeat\t{"node":1}' $'/v1/check\t{"all":true,"now":true}' \
+  $'/v1/check\t{"name":5}' '/status' > "$corpus/api/check-session"
 # Raw requests as clients send them: a register with the token, a chunked heartbeat, a body that
 # claims more than it has, a header over the limit.
 printf 'POST /v1/register HTTP/1.1\r\nHost: m\r\nAuthorization: Bearer t\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{"name":"n0"}\n' \

@@ -420,6 +420,8 @@ TEST_CASE("a full disk during persist keeps the previous persisted checkpoint an
   CHECK_FALSE(errors.empty());
   CHECK(c.complete_storage_steps() == std::vector<int64_t>{10});
   CHECK_FALSE(std::filesystem::exists(c.rank_file(14, 0) + ".tmp"));
+  // No empty step directory is left behind by the failed writes.
+  for (int64_t step = 11; step <= 14; ++step) CHECK_FALSE(std::filesystem::exists(c.step_dir(step)));
   c.remove_memory();
   auto l = c.load();
   REQUIRE(l);
@@ -614,6 +616,22 @@ TEST_CASE("goodput ckpt lists, verifies and removes checkpoints, and names what 
   CHECK(v.exit_code == 2);
   CHECK(v.output.find(r1.rank_file(100, 1)) != std::string::npos);
   CHECK(v.output.find("checksum mismatch in buffer 'model.weight'") != std::string::npos);
+  // A flipped bit in the header's format version is damage, not another version (the manifest,
+  // checksummed apart, still says this format).
+  {
+    std::FILE* f = std::fopen(r0.rank_file(100, 0).c_str(), "r+b");
+    REQUIRE(f);
+    std::fseek(f, 8, SEEK_SET);  // the version field, after the 8-byte magic
+    const int c = std::fgetc(f);
+    std::fseek(f, 8, SEEK_SET);
+    std::fputc(c ^ 1, f);
+    std::fclose(f);
+  }
+  v = run_command(goodput_cmd("ckpt verify " + d));
+  CHECK(v.exit_code == 2);
+  CAPTURE(v.output);
+  CHECK(v.output.find("damaged header: its format version field reads 0 where its manifest (checksum verified) says 1") !=
+        std::string::npos);
 
   auto shm = run_command(goodput_cmd("ckpt ls --shm " + r0.options().shm_prefix));
   CHECK(shm.output.find(r0.shm_name(0)) != std::string::npos);

@@ -252,6 +252,20 @@ TEST_CASE("an operator's check of a running node stops training, checks it again
   CHECK(refused.body.find("no node holds slot 7") != std::string::npos);
   CHECK(h.request("/v1/check", json{{"slots", {1}}, {"fault", "melt"}}).status == 409);
   CHECK(h.request("/v1/check", json{{"slots", "1"}}).status == 400);
+  // A body must say which nodes: a mistyped key was once taken for "check every node", and
+  // training went back to its checkpoint.
+  auto unknown = h.request("/v1/check", json{{"name", 5}});
+  CHECK(unknown.status == 400);
+  CHECK(unknown.body.find("unknown field 'name'") != std::string::npos);
+  CHECK(h.request("/v1/check", json::object()).body.find("give either 'slots'") != std::string::npos);
+  CHECK(h.request("/v1/check", json{{"slots", json::array()}}).status == 400);
+  CHECK(h.request("/v1/check", json{{"slots", {1}}, {"all", true}}).status == 400);
+  // The other endpoints refuse what they do not know too, naming it (nested fields with their path).
+  CHECK(h.request("/v1/register", json{{"name", "x"}, {"slots", 1}}).body.find("unknown field 'slots'") != std::string::npos);
+  CHECK(h.request("/v1/heartbeat", json{{"node", b}, {"trainer", {{"restart", 0}, {"phase", "training"}, {"stpe", 3}}}})
+            .body.find("unknown field 'trainer.stpe'") != std::string::npos);
+  CHECK(h.request("/v1/scale", json{{"group", "ps"}, {"count", 1}, {"force", true}}).status == 400);
+  CHECK(h.request("/v1/inject", json{{"fault", "hang"}, {"slot", 0}, {"when", "now"}}).status == 400);
   CHECK(h.events("check_requested").empty());
 
   const json answer = h.post("/v1/check", json{{"slots", {1}}, {"reason", "loss spikes on rank 1"}});
@@ -270,7 +284,7 @@ TEST_CASE("an operator's check of a running node stops training, checks it again
   CHECK(qb["check"]["peer"] == a);  // the fastest link among the nodes that passed
   CHECK(qb["check"]["id"].get<int64_t>() > old_id);
   CHECK(h.beat(a)["action"] == "stop");
-  CHECK(h.request("/v1/check", json::object()).status == 409);  // one check at a time
+  CHECK(h.request("/v1/check", json{{"all", true}}).status == 409);  // one check at a time
 
   // A result measured for the earlier round is not taken for this one.
   h.beat(b, [&] { json r = result(1, 1000, true, 700); r["id"] = old_id; return r; }());
@@ -318,7 +332,7 @@ TEST_CASE("a straggler checked again and found well is no longer slowing the job
   h.tick();
   REQUIRE(h.events("slowdown_observed").size() == 1);
   CHECK(h.master->state().slowdown_permille() == 3000);
-  h.post("/v1/check", json{{"slots", json::array()}});  // the whole world
+  h.post("/v1/check", json{{"all", true}});  // the whole world
   CHECK(h.events("check_requested").at(0)["nodes"] == json::array({a, b}));
   h.tick();
   h.beat(a);

@@ -37,6 +37,68 @@ TEST_CASE("the default diagnosis table reads exit codes, signals, kinds and reas
   CHECK(diagnose(exit_with(0, 0, "Pod was Evicted by the kubelet")) == Diagnosis::Preemption);
 }
 
+TEST_CASE("a job that cannot run is a configuration error and gives up at once, with the reason") {
+  // Exit 126/127 (the shell's "cannot execute" and "not found", and the agent's exec failure), or
+  // the agent's "cannot run": nothing a restart or another machine can fix.
+  CHECK(diagnose(exit_with(127, 0, "goodput agent: cannot run /nonexistent/python9: No such file or directory")) ==
+        Diagnosis::ConfigurationError);
+  CHECK(diagnose(exit_with(126, 0, "")) == Diagnosis::ConfigurationError);
+  // A Python import or syntax error is one only before the job trained: later it is a bug.
+  const FailureObserved import = exit_with(1, 0, "ModuleNotFoundError: No module named 'transformerz'");
+  const DiagnosisTable table = DiagnosisTable::defaults();
+  CHECK(table.diagnose(import, /*trained=*/false).diagnosis == Diagnosis::ConfigurationError);
+  CHECK(table.diagnose(import, /*trained=*/true).diagnosis == Diagnosis::SoftwareError);
+  const auto p = default_policy();
+  JobState s = running_state();
+  const FailureObserved f = exit_with(127, 0, "goodput agent: cannot run /nonexistent/python9: No such file or directory");
+  s.apply(Event{s.last_seq() + 1, kSecond, f});
+  const RecoveryDecided d = p.recovery->on_failure(s, f);
+  CHECK(d.diagnosis == Diagnosis::ConfigurationError);
+  CHECK(d.action == RecoveryAction::GiveUp);
+  CHECK(d.rule == "cannot-exec: goodput agent: cannot run /nonexistent/python9: No such file or directory");
+  // A policy may still choose otherwise for it.
+  const auto lenient = load_policy(nlohmann::json::parse(R"({"recovery":{"actions":{"configuration_error":"restart_process"}}})"));
+  CHECK(lenient.recovery->on_failure(s, f).action == RecoveryAction::RestartProcess);
+}
+
+TEST_CASE("the same failure again and again before the job trains backs off, is no node's fault, and gives up") {
+  // Every restart dies the same way before its trainers loaded anything (a bad flag, say): the
+  // restarts back off 1 s, 2 s, 4 s; no node is relaunched for it (it would fail anywhere); the
+  // fifth gives up. restart-all (torchrun's way) stops the same way.
+  for (const char* name : {"diagnose", "restart-all"}) {
+    CAPTURE(name);
+    const auto p = load_policy(nlohmann::json{{"recovery", {{"policy", name}, {"max_restarts_per_node", 1}}}});
+    JobState s = running_state(2);
+    const FailureObserved f = exit_with(2, 0, "train.py: error: unrecognized arguments: --lr-schedual");
+    std::vector<Duration> backoffs;
+    for (int i = 1; i <= 5; ++i) {
+      s.apply(Event{s.last_seq() + 1, i * kSecond, RestartJob{2, i - 1, 0, 0, Tier::None}});
+      s.apply(Event{s.last_seq() + 1, i * kSecond, f});
+      const RecoveryDecided d = p.recovery->on_failure(s, f);
+      s.apply(Event{s.last_seq() + 1, i * kSecond, d});
+      backoffs.push_back(d.backoff);
+      if (i < 5) CHECK(d.action == RecoveryAction::RestartProcess);
+      else {
+        CHECK(d.action == RecoveryAction::GiveUp);
+        CHECK(d.rule.find("the same failure 5 times before the job trained") != std::string::npos);
+        CHECK(d.rule.find("--lr-schedual") != std::string::npos);
+      }
+    }
+    CHECK(backoffs == std::vector<Duration>{0, kSecond, 2 * kSecond, 4 * kSecond, 8 * kSecond});
+  }
+  // Once the job trained, the count starts over: a crash of a running trainer is no startup failure.
+  const auto p = default_policy();
+  JobState s = running_state(2);
+  const FailureObserved f = exit_with(1, 0, "boom");
+  for (int i = 1; i <= 8; ++i) {
+    s.apply(Event{s.last_seq() + 1, i * kMinute, RestartJob{2, i - 1, 0, 0, Tier::None}});
+    s.apply(Event{s.last_seq() + 1, i * kMinute, CheckpointLoaded{0, Tier::None, 0}});
+    s.apply(Event{s.last_seq() + 1, i * kMinute + kSecond, f});
+    CHECK(p.recovery->on_failure(s, f).action != RecoveryAction::GiveUp);
+    CHECK(s.repeated_startup_failures() == 0);
+  }
+}
+
 TEST_CASE("a policy file can replace the diagnosis table and the action per diagnosis") {
   const auto p = load_policy(nlohmann::json::parse(R"({
     "recovery": {"policy": "diagnose",

@@ -194,6 +194,22 @@ TEST_CASE("the job gives up after max_failures and says so") {
   check_sums(s2);
 }
 
+TEST_CASE("a configuration error in a trace gives up at once, in the simulator as live") {
+  // A rollout that broke the trainer's image at 1000 s: the command is gone (exit 127).
+  Trace t = small_trace(kHour, 1);
+  t.events.push_back(failure(1000 * kSecond, TraceEventType::ProcessCrash, "n1", t,
+                             "goodput agent: cannot run /opt/venv/bin/python: No such file or directory"));
+  t.events.back().exit_code = 127;
+  Simulator sim(t, default_policy(), SimOptions{});
+  const JobState& s = sim.run();
+  CHECK(s.failures_by(Diagnosis::ConfigurationError) == 1);
+  CHECK(s.decisions_by(RecoveryAction::GiveUp) == 1);
+  CHECK(s.decisions_by(RecoveryAction::RelaunchNode) == 0);
+  CHECK(s.gave_up_because().rfind("cannot-exec: goodput agent: cannot run /opt/venv/bin/python", 0) == 0);
+  CHECK(s.loss(Loss::GaveUp) == (3600 - 1001) * kSecond);
+  check_sums(s);
+}
+
 TEST_CASE("a job with a step target finishes when it reaches it") {
   Trace t = small_trace(0);
   t.job.total_steps = 1000;

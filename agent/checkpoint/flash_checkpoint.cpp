@@ -118,18 +118,34 @@ Manifest check_manifest(const Header& h, const uint8_t* manifest) {
   return m;
 }
 
-void check_header(const Header& h, uint64_t size) {
+bool manifest_in_bounds(const Header& h, uint64_t size) {
+  return h.manifest_offset >= kHeaderBytes && h.manifest_offset <= size && h.manifest_bytes <= size - h.manifest_offset;
+}
+
+// The header's version field names a format this build does not read: another version's
+// checkpoint, or a damaged header? The manifest, checksummed apart from the header, tells: if it
+// verifies and says this build's format, the header is what changed.
+[[noreturn]] void version_mismatch(const Header& h, const uint8_t* manifest) {
+  if (manifest && XXH3_64bits(manifest, h.manifest_bytes) == h.manifest_xxh3) {
+    const auto j = nlohmann::json::parse(manifest, manifest + h.manifest_bytes, nullptr, false);
+    if (j.is_object() && j.value("format_version", -1) == static_cast<int>(kFormatVersion))
+      throw CheckpointError("damaged header: its format version field reads " + std::to_string(h.version) +
+                            " where its manifest (checksum verified) says " + std::to_string(kFormatVersion));
+  }
+  throw CheckpointError("format version " + std::to_string(h.version) + ", this build reads " + std::to_string(kFormatVersion));
+}
+
+// `manifest`: the manifest's bytes where the caller has them (for a clearer message), or null.
+void check_header(const Header& h, uint64_t size, const uint8_t* manifest = nullptr) {
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) throw CheckpointError("not a Goodput checkpoint (bad magic)");
-  if (h.version != kFormatVersion)
-    throw CheckpointError("format version " + std::to_string(h.version) + ", this build reads " + std::to_string(kFormatVersion));
-  if (h.manifest_offset < kHeaderBytes || h.manifest_offset > size || h.manifest_bytes > size - h.manifest_offset ||
-      h.data_bytes > h.manifest_offset - kHeaderBytes)
+  if (h.version != kFormatVersion) version_mismatch(h, manifest);
+  if (!manifest_in_bounds(h, size) || h.data_bytes > h.manifest_offset - kHeaderBytes)
     throw CheckpointError("truncated: header promises " + std::to_string(h.manifest_offset + h.manifest_bytes) +
                           " bytes, found " + std::to_string(size));
 }
 
 Manifest check_image(const uint8_t* base, uint64_t size, const Header& h) {
-  check_header(h, size);
+  check_header(h, size, manifest_in_bounds(h, size) ? base + h.manifest_offset : nullptr);
   return check_manifest(h, base + h.manifest_offset);
 }
 
@@ -343,11 +359,12 @@ Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse = nullptr
     ::fstat(fd, &st);
     if (!read_header(fd, snap)) throw CheckpointError("truncated: no header");
     if (snap.state != 1) throw Overwritten();  // it was committed when the caller looked
-    check_header(snap, static_cast<uint64_t>(st.st_size));
-    std::vector<uint8_t> manifest(snap.manifest_bytes);
-    if (::pread(fd, manifest.data(), manifest.size(), static_cast<off_t>(snap.manifest_offset)) !=
-        static_cast<ssize_t>(manifest.size()))
-      throw CheckpointError("truncated manifest");
+    const bool in_bounds = manifest_in_bounds(snap, static_cast<uint64_t>(st.st_size));
+    std::vector<uint8_t> manifest(in_bounds ? snap.manifest_bytes : 0);
+    const bool read = in_bounds && ::pread(fd, manifest.data(), manifest.size(), static_cast<off_t>(snap.manifest_offset)) ==
+                                       static_cast<ssize_t>(manifest.size());
+    check_header(snap, static_cast<uint64_t>(st.st_size), read ? manifest.data() : nullptr);
+    if (!read) throw CheckpointError("truncated manifest");
     out.manifest = check_manifest(snap, manifest.data());
     Region fresh;
     Region& buf = reuse ? *reuse : fresh;
@@ -800,9 +817,20 @@ PersistStats FlashCheckpoint::persist() {
   h.manifest_offset = kHeaderBytes + l.manifest.data_bytes;
   h.manifest_bytes = manifest.size();
   h.manifest_xxh3 = XXH3_64bits(manifest.data(), manifest.size());
-  options_.storage->make_dirs(step_dir(step));
+  const std::string dir = step_dir(step);
+  options_.storage->make_dirs(dir);
   out.path = rank_file(step, options_.rank);
-  options_.storage->write_atomic(out.path, {{&h, sizeof h}, {l.data(), l.manifest.data_bytes}, {manifest.data(), manifest.size()}});
+  try {
+    options_.storage->write_atomic(out.path, {{&h, sizeof h}, {l.data(), l.manifest.data_bytes}, {manifest.data(), manifest.size()}});
+  } catch (...) {
+    // A full or failing disk: leave no empty step directory behind (another rank's file, or its
+    // write in progress, keeps it).
+    try {
+      if (options_.storage->list(dir).empty()) options_.storage->remove_all(dir);
+    } catch (...) {
+    }
+    throw;
+  }
   out.written = true;
   out.bytes = sizeof h + l.manifest.data_bytes + manifest.size();
 

@@ -79,6 +79,14 @@ template <class T> T field(const json& j, const char* key) {
 template <class T> T field_or(const json& j, const char* key, T fallback) {
   return j.contains(key) && !j[key].is_null() ? field<T>(j, key) : fallback;
 }
+// A body (or the object at `where` in it) may hold these keys and no others: a key the master does
+// not know is a mistake (`{"name": 5}` for `{"slots": [5]}`) or an agent of another version, and is
+// refused rather than ignored.
+void only_keys(const json& j, std::initializer_list<std::string_view> keys, const std::string& where = "") {
+  for (const auto& [k, _] : j.items())
+    if (std::find(keys.begin(), keys.end(), k) == keys.end())
+      throw BadRequest("unknown field '" + where + k.substr(0, 100) + "'");
+}
 
 int phase_rank(const std::string& p) {
   if (p == "starting") return 1;
@@ -108,7 +116,9 @@ LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, con
   world_ = spec_.nodes;
   if (store.last_seq() > 0) {
     resumed_ = true;
+    folding_ = true;
     store.for_each([&](const Event& e) { append(e); });
+    folding_ = false;
     master_.resume_from(store);
     if (provider_) provider_->set_layout(spec_.replicas);  // as scaled in the log
     // Every node we knew gets a full heartbeat timeout to find the new master.
@@ -177,7 +187,9 @@ void LiveMaster::append(const Event& e) {
           pause_.reset();
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           last_failure_hang_ = p.kind == FailureKind::Hang;
+          last_failure_ = p;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
+          if (!folding_) notes_.push_back(recovery_note(p));
           if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory) {
             Node& n = nodes_[p.node];
             n.gone = true;
@@ -226,6 +238,24 @@ void LiveMaster::append(const Event& e) {
         }
       },
       e.payload);
+}
+
+std::string LiveMaster::recovery_note(const RecoveryDecided& d) const {
+  const auto it = nodes_.find(d.node);
+  std::string o = "goodput: node " + (it != nodes_.end() ? it->second.name : std::to_string(d.node));
+  if (it != nodes_.end() && it->second.slot >= 0) o += " (slot " + std::to_string(it->second.slot) + ")";
+  o += ": " + std::string(to_string(d.diagnosis));
+  if (last_failure_ && last_failure_->node == d.node) {
+    const FailureObserved& f = *last_failure_;
+    o += " (" + std::string(to_string(f.kind));
+    if (f.kind == FailureKind::ProcessExit) o += ", exit code " + std::to_string(f.exit_code);
+    if (f.signal) o += ", signal " + std::to_string(f.signal);
+    if (!f.reason.empty()) o += ": " + f.reason.substr(0, 200);
+    o += ")";
+  }
+  o += " -> " + std::string(to_string(d.action)) + " [" + d.rule + "]";
+  if (d.backoff > 0) o += " after " + format_duration(d.backoff);
+  return o;
 }
 
 void LiveMaster::relayout(const ScaleDecided& d) {
@@ -437,6 +467,7 @@ HttpResponse LiveMaster::handle(const HttpRequest& req) {
 }
 
 HttpResponse LiveMaster::on_register(const json& b, const std::string& peer_address) {
+  only_keys(b, {"name", "pid", "host", "slot", "check_port", "rdzv_port"});
   const std::string name = field<std::string>(b, "name");
   if (name.empty() || name.size() > 253) throw BadRequest("field 'name' must be 1 to 253 characters");
   if (finished()) return reply(200, json{{"action", "exit"}});
@@ -542,6 +573,16 @@ json LiveMaster::assignment(const Node& n) const {
 }
 
 HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_address) {
+  only_keys(b, {"node", "trainer", "check", "check_port", "rdzv_port", "persist_error", "host"});
+  if (const auto t = b.find("trainer"); t != b.end() && t->is_object()) {
+    only_keys(*t, {"restart", "phase", "pid", "step", "progress_age_ms", "saves", "save_blocking_ns", "saved_step", "done",
+                   "storage_steps", "stopped", "loaded", "loss", "work_median_s", "work_mad_s", "exit"},
+              "trainer.");
+    if (const auto x = t->find("exit"); x != t->end() && x->is_object())
+      only_keys(*x, {"code", "signal", "reason", "done", "age_ms"}, "trainer.exit.");
+  }
+  if (const auto c = b.find("check"); c != b.end() && c->is_object())
+    only_keys(*c, {"round", "id", "compute_mflops", "compute_ok", "link_mb_per_s", "link_ok", "error"}, "check.");
   Node* n = node(field<int64_t>(b, "node") > INT32_MAX ? -1 : static_cast<NodeId>(field<int64_t>(b, "node")));
   if (!n) return error(404, "unknown node: register again");
   // Hosts are not in the log: a master resumed from it learns them from the next heartbeats.
@@ -605,6 +646,7 @@ HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_add
 }
 
 HttpResponse LiveMaster::on_shards_next(const json& b) {
+  only_keys(b, {"node", "restart", "request"});
   Node* n = node(field<int32_t>(b, "node"));
   if (!n || n->gone || n->slot < 0) return error(409, "node holds no slot");
   const Phase phase = master_.state().phase();
@@ -623,6 +665,7 @@ HttpResponse LiveMaster::on_shards_next(const json& b) {
 }
 
 HttpResponse LiveMaster::on_shards_complete(const json& b) {
+  only_keys(b, {"node", "restart", "step", "shards"});
   Node* n = node(field<int32_t>(b, "node"));
   if (!n || n->gone) return error(409, "unknown node");
   // Idempotent: a retry of a completion the log already holds is acknowledged again.
@@ -637,6 +680,7 @@ HttpResponse LiveMaster::on_shards_complete(const json& b) {
 }
 
 HttpResponse LiveMaster::on_inject(const json& b) {
+  only_keys(b, {"fault", "slot"});
   try {
     return reply(200, inject(field<std::string>(b, "fault"), field<int32_t>(b, "slot")));
   } catch (const std::invalid_argument& e) {
@@ -655,6 +699,12 @@ json LiveMaster::inject(const std::string& fault, int32_t slot) {
 }
 
 HttpResponse LiveMaster::on_check(const json& b) {
+  only_keys(b, {"slots", "all", "fault", "reason", "now"});
+  // Which nodes, said explicitly: a body that names none (or the wrong key) must not stop the
+  // whole world for a check.
+  const bool all = field_or<bool>(b, "all", false);
+  if (all == b.contains("slots"))
+    throw BadRequest("give either 'slots' (a list of slot numbers) or \"all\": true");
   std::vector<int32_t> slots;
   if (const auto it = b.find("slots"); it != b.end()) {
     if (!it->is_array()) throw BadRequest("field 'slots' must be a list of slot numbers");
@@ -663,6 +713,7 @@ HttpResponse LiveMaster::on_check(const json& b) {
         throw BadRequest("field 'slots' must be a list of slot numbers");
       slots.push_back(static_cast<int32_t>(s.get<int64_t>()));
     }
+    if (slots.empty()) throw BadRequest("field 'slots' is empty (\"all\": true checks every node)");
   }
   const std::string reason = field_or<std::string>(b, "reason", "");
   if (reason.size() > 1000) throw BadRequest("field 'reason' must be at most 1000 characters");
@@ -674,6 +725,7 @@ HttpResponse LiveMaster::on_check(const json& b) {
 }
 
 HttpResponse LiveMaster::on_scale(const json& b) {
+  only_keys(b, {"group", "count", "reason"});
   const std::string reason = field_or<std::string>(b, "reason", "");
   if (reason.size() > 1000) throw BadRequest("field 'reason' must be at most 1000 characters");
   const int64_t count = field<int64_t>(b, "count");

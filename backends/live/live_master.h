@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -126,6 +127,9 @@ class LiveMaster final : public Backend, public EventSink {
   std::string metrics() const;
   std::string page() const;  // GET /: the live report page
   int64_t newest_step() const;  // highest step any trainer reported
+  // One line per recovery decided since the last call, saying why (diagnosis, the failure behind
+  // it, the rule): for the console. Decisions folded from the log when resuming are not repeated.
+  std::vector<std::string> take_console_notes() { return std::exchange(notes_, {}); }
 
   // Backend: carry out a decision. EventSink: keep the node table in step with the log.
   void execute(const Event& decision) override;
@@ -259,7 +263,11 @@ class LiveMaster final : public Backend, public EventSink {
   int32_t grow_back_lost_ = 0;            // of those, asked for a slot outside a shrunk world
   std::optional<Time> grow_back_at_;      // when to ask for such a slot's machine again
   int64_t unauthorized_ = 0;
-  int64_t bad_requests_ = 0;  // 400s from the API's handlers: not JSON, wrong fields
+  int64_t bad_requests_ = 0;
+  std::string recovery_note(const RecoveryDecided& d) const;
+  bool folding_ = false;  // folding the log at a resume
+  std::optional<FailureObserved> last_failure_;
+  std::vector<std::string> notes_;  // 400s from the API's handlers: not JSON, wrong fields
   bool status_needs_token_ = false, metrics_need_token_ = false;
   std::function<HttpRefusals()> transport_refusals_;
   int64_t unauthorized_logged_ = 0;       // of those, the ones api_refused events counted

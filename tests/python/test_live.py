@@ -840,6 +840,8 @@ class LiveTest(unittest.TestCase):
         with sqlite3.connect(run.db) as db:  # what the dead master had acknowledged
             before = db.execute("SELECT seq, time_ns, type, payload FROM events ORDER BY seq").fetchall()
         time.sleep(1)  # agents keep their trainers running without a master
+        # As the README says: the run directory alone (it remembers its job spec).
+        run.args = [GOODPUT, "run", "--run-dir", run.run_dir]
         self.assertEqual(run.run(resume=True), 0, self.diag(run))
         with sqlite3.connect(run.db) as db:
             after = db.execute("SELECT seq, time_ns, type, payload FROM events ORDER BY seq").fetchall()
@@ -900,6 +902,25 @@ class LiveTest(unittest.TestCase):
         for name, rank in ranks.items():
             with open(os.path.join(run.run_dir, "nodes", name, "r1-stdout.log")) as f:
                 self.assertIn(f"rank {rank} (", f.read())
+
+    def test_a_command_that_cannot_run_fails_the_job_at_once_with_the_reason(self):
+        # The mistake of a new user: a trainer command that does not exist (exit code 127, "cannot
+        # run ...: No such file or directory"). Before, it was restarted 207 times in 90 s and then
+        # its nodes were relaunched as hardware faults; now it is a configuration error.
+        run = LiveRun(self, spec(command=["/nonexistent/python9", "train.py"]))
+        t0 = time.time()
+        self.assertEqual(run.run(timeout=120), 1, self.diag(run))
+        self.assertLess(time.time() - t0, 60, self.diag(run))
+        self.assertIn("configuration_error (process_exit, exit code 127", run.stderr, self.diag(run))
+        self.assertIn("cannot run /nonexistent/python9: No such file or directory", run.stderr)
+        self.assertIn("-> give_up [cannot-exec", run.stderr)
+        rep = run.report()
+        self.assertTrue(rep["gave_up"], rep)
+        self.assertIn("cannot run /nonexistent/python9", rep["gave_up_reason"])
+        self.assertIn("GAVE UP after", run.stdout)
+        decided = of_type(run.events(), "recovery_decided")
+        self.assertEqual([d["action"] for d in decided], ["give_up"], decided)
+        self.assertEqual(decided[0]["diagnosis"], "configuration_error")
 
     def test_the_api_wants_the_token_and_bounds_bodies(self):
         run = LiveRun(self, spec(total_steps=100000, step_time="1s"))
