@@ -3,6 +3,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <filesystem>
+
 #include "engine/event_json.h"
 #include "engine/event_store.h"
 #include "report/report.h"
@@ -97,4 +99,42 @@ TEST_CASE("a damaged row is reported with its sequence number, not loaded silent
   SqliteStore s(path, SqliteStore::Mode::OpenReadOnly);
   CHECK_THROWS_WITH_AS(s.for_each([](const Event&) {}), doctest::Contains("event 2: node_joined: field 'slot' is missing"),
                        StoreError);
+}
+
+TEST_CASE("a log with an event missing, a time that goes back, or cut short says it is damaged") {
+  TempDir dir("store-cut");
+  const std::string path = dir.file("events.db");
+  {
+    SqliteStore s(path, SqliteStore::Mode::Create);
+    s.append(Event{1, 0, JobStarted{"j", 1, 1, kSecond, 0, 0, 1, 1, "p"}});
+    for (uint64_t seq = 2; seq <= 3000; ++seq)
+      s.append(Event{seq, static_cast<Time>(seq) * kSecond, StatusObserved{"pod", "p-" + std::to_string(seq), std::string(200, 'x')}});
+  }
+  auto edit = [&](const char* sql) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, sql, nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+  };
+  auto error_of = [&] {
+    try {
+      SqliteStore s(path, SqliteStore::Mode::OpenReadOnly);
+      s.for_each([](const Event&) {});
+    } catch (const StoreError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  edit("UPDATE events SET time_ns = 1000 WHERE seq = 50");
+  CHECK(error_of().find("event 50: its time (1000 ns) is before the previous event's (49000000000 ns): the log is damaged") !=
+        std::string::npos);
+  edit("UPDATE events SET time_ns = 50000000000 WHERE seq = 50");
+  edit("DELETE FROM events WHERE seq = 70");
+  CHECK(error_of().find("event 71: expected seq 70: the log is damaged") != std::string::npos);
+  // Cut mid-page (a copy that stopped short): SQLite finds the file malformed.
+  edit("PRAGMA wal_checkpoint(TRUNCATE)");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2 + 100);
+  const std::string cut = error_of();
+  CAPTURE(cut);
+  CHECK(cut.find("the log is damaged") != std::string::npos);
 }
