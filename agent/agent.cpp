@@ -271,6 +271,9 @@ class Agent {
     while (true) {
       if (g_terminate) {
         log(o_.name, "terminated (SIGTERM)");
+        // Say so first: a node stopped on purpose (a pod deleted, a Ray job stopped, an operator)
+        // is replaced without its machine being taken for broken.
+        if (node_ >= 0) call("/v1/exit", json{{"node", node_}, {"leaving", "received SIGTERM"}});
         return leave(0);
       }
       bool urgent = reap();

@@ -352,8 +352,13 @@ void KubeNodes::on_pod(const std::string& type, const json& pod) {
     changes_.push_back({"pod", name, st});
   }
   if (!p.node.empty()) node_status_.try_emplace(p.node, "Ready");  // scheduled there: it was ready
-  if (type == "DELETED") {
-    p.ended = true;
+  const bool deleted_by_others = type == "DELETED" || field(pod, "metadata").contains("deletionTimestamp");
+  if (type == "DELETED") p.ended = true;
+  if (deleted_by_others && !(!p.node.empty() && bad_nodes_.count(p.node))) {
+    // Not by this master (its own deletions are not reported), and its node is fine: someone
+    // deleted it (kubectl delete pod, a drain), which says nothing against the node.
+    report(name, p, "pod " + name + " was deleted by someone else: stopped by an operator", false);
+  } else if (type == "DELETED") {
     report(name, p, "pod " + name + " was deleted", false);
   } else if (const auto t = pod_trouble(pod)) {
     const std::string phase = str(field(pod, "status"), "phase");

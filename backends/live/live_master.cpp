@@ -573,7 +573,7 @@ json LiveMaster::assignment(const Node& n) const {
 }
 
 HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_address) {
-  only_keys(b, {"node", "trainer", "check", "check_port", "rdzv_port", "persist_error", "host"});
+  only_keys(b, {"node", "trainer", "check", "check_port", "rdzv_port", "persist_error", "host", "leaving"});
   if (const auto t = b.find("trainer"); t != b.end() && t->is_object()) {
     only_keys(*t, {"restart", "phase", "pid", "step", "progress_age_ms", "saves", "save_blocking_ns", "saved_step", "done",
                    "storage_steps", "stopped", "loaded", "loss", "work_median_s", "work_mad_s", "exit"},
@@ -604,6 +604,15 @@ HttpResponse LiveMaster::on_heartbeat(const json& b, const std::string& peer_add
   }
   const Time now = clock_.now();
   n->last_heartbeat = now;
+  if (b.contains("leaving")) {
+    // The agent was stopped on purpose and is going: not a fault of its machine.
+    const std::string why = field<std::string>(b, "leaving").substr(0, 300);
+    if (!n->gone && n->slot >= 0 && !finished())
+      observe(FailureObserved{n->id, FailureKind::Maintenance, 0, 0,
+                              "agent leaving (" + why + "): stopped by an operator or the cluster", now});
+    advance();
+    return reply(200, json{{"action", "exit"}});
+  }
   if (const auto it = b.find("trainer"); it != b.end() && it->is_object()) {
     const json& t = *it;
     Trainer& tr = n->trainer;

@@ -327,6 +327,33 @@ class KubeBackendTest(unittest.TestCase):
         self.assertGreaterEqual(len(unschedulable & deleted), 2, (unschedulable, deleted))
         self.assertGreaterEqual(len(emu.created()), 3 + len(unschedulable))
 
+    def test_kubectl_delete_pod_replaces_the_pod_and_leaves_its_node_usable(self):
+        # An operator deletes a worker's pod with the real kubectl: not a fault of its node, so the
+        # pod is replaced (preemption) and its Kubernetes node is not excluded.
+        kubectl = shutil.which("kubectl")
+        if not kubectl:
+            self.skipTest("kubectl is not installed on this machine")
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=160))
+
+        def delete():
+            run.wait_for_step(40)
+            out = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "delete", "pod", emu.pod_of_slot(run, 1),
+                                  "--wait=false"], capture_output=True, text=True, timeout=30)
+            self.assertEqual(out.returncode, 0, out.stderr)
+
+        self.assertEqual(run.run_while(delete), 0, run.diag())
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual(len(failures), 1, failures)
+        self.assertIn("deleted by someone else", failures[0]["reason"])
+        self.assertEqual([d[:2] for d in decisions(ev)], [("preemption", "relaunch_node")])
+        self.assertNotIn("excluded", run.stderr)
+        created = emu.created()
+        self.assertEqual(len(created), 3)
+        self.assertNotIn("affinity", created[-1]["spec"], "the node stays usable: no NotIn affinity")
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_a_node_that_fails_its_check_is_excluded_from_placement(self):
         # Slot 1's first pod computes wrong products (a bad machine): the check fails it before any
         # trainer starts; its Kubernetes node is kept off for the rest of the job (required node

@@ -922,6 +922,28 @@ class LiveTest(unittest.TestCase):
         self.assertEqual([d["action"] for d in decided], ["give_up"], decided)
         self.assertEqual(decided[0]["diagnosis"], "configuration_error")
 
+    def test_an_agent_stopped_with_sigterm_is_replaced_as_a_preemption_not_a_hardware_fault(self):
+        # SIGTERM is how a node is taken away on purpose (a pod deleted, a Ray job stopped, an
+        # operator): the agent says it is leaving before it goes.
+        run = LiveRun(self, spec(total_steps=160))
+
+        def term():
+            run.wait_for_step(40)
+            name = [j for j in of_type(run.events(), "node_joined") if j["slot"] == 1][-1]["name"]
+            with open(os.path.join(run.run_dir, "nodes", name, "agent.pid")) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+
+        self.assertEqual(run.run_while(term), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual(len(failures), 1, failures)
+        self.assertEqual(failures[0]["kind"], "maintenance")
+        self.assertIn("agent leaving (received SIGTERM)", failures[0]["reason"])
+        decided = of_type(ev, "recovery_decided")
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("preemption", "relaunch_node")], decided)
+        self.assertIn("preemption (maintenance: agent leaving (received SIGTERM)", run.stderr)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_the_api_wants_the_token_and_bounds_bodies(self):
         run = LiveRun(self, spec(total_steps=100000, step_time="1s"))
         proc = subprocess.Popen([GOODPUT, "master", run.job_path, "--run-dir", run.run_dir, "--quiet"],
