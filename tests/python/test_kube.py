@@ -354,6 +354,20 @@ class KubeBackendTest(unittest.TestCase):
         self.assertNotIn("affinity", created[-1]["spec"], "the node stays usable: no NotIn affinity")
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
+    def test_a_trainer_command_that_cannot_run_fails_the_job_at_once(self):
+        # The same mistake as on the local backend (tests/python/test_live.py), through pods: the
+        # job gives up with the reason; no pod is relaunched for it and no node excluded.
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, command=["/nonexistent/python9", "train.py"]))
+        t0 = time.time()
+        self.assertEqual(run.run(timeout=120), 1, run.diag())
+        self.assertLess(time.time() - t0, 60, run.diag())
+        self.assertIn("cannot run /nonexistent/python9", run.stderr)
+        decided = of_type(run.events(), "recovery_decided")
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("configuration_error", "give_up")], decided)
+        self.assertEqual(len(emu.created()), 2, "no pod was relaunched for it")
+        self.assertNotIn("excluded", run.stderr)
+
     def test_a_node_that_fails_its_check_is_excluded_from_placement(self):
         # Slot 1's first pod computes wrong products (a bad machine): the check fails it before any
         # trainer starts; its Kubernetes node is kept off for the rest of the job (required node

@@ -327,6 +327,19 @@ class RayBackendTest(unittest.TestCase):
         self.assertIn("no node has the resources", reason)
         self.assertTrue(all(j["status"] == "STOPPED" for j in emu.jobs().values()), emu.jobs())
 
+    def test_a_trainer_command_that_cannot_run_fails_the_job_at_once(self):
+        # The same mistake as on the local backend (tests/python/test_live.py), through Ray jobs:
+        # a configuration error gives up with the reason; no job is resubmitted for it.
+        emu = Emulator(self)
+        run = LiveRun(self, ray_spec(emu, command=["/nonexistent/python9", "train.py"]))
+        t0 = time.time()
+        self.assertEqual(run.run(timeout=120), 1, run.diag())
+        self.assertLess(time.time() - t0, 60, run.diag())
+        self.assertIn("cannot run /nonexistent/python9", run.stderr)
+        decided = of_type(run.events(), "recovery_decided")
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("configuration_error", "give_up")], decided)
+        self.assertTrue(run.report()["gave_up"])
+
     def test_dashboard_errors_are_retried_and_no_job_is_submitted_twice(self):
         emu = Emulator(self, require_header="Authorization: Bearer ray-secret")
         # The first two submits are carried out but their answers are lost; list calls fail with
