@@ -261,6 +261,9 @@ void RayNodes::poll() {
         if (!j.terminal()) queue_.push_back({Command::Stop, name, 0, -1});
       } else if (j.status == "FAILED") {
         failed.push_back(name);
+      } else if (j.status == "STOPPED") {
+        // Not by this master (its own stops are not reported): a user's `ray job stop`.
+        report(t, "Ray job " + j.submission_id + " STOPPED by someone else: stopped by an operator (" + j.message + ")");
       } else if (j.terminal()) {
         report(t, "Ray job " + j.submission_id + " " + j.status + ": " + j.message);
       } else if (j.status == "PENDING" && now - t.pending_since > std::chrono::nanoseconds(o_.spec.pending_timeout)) {

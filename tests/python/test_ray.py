@@ -340,6 +340,24 @@ class RayBackendTest(unittest.TestCase):
         self.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("configuration_error", "give_up")], decided)
         self.assertTrue(run.report()["gave_up"])
 
+    def test_a_job_a_user_stops_is_replaced_as_a_preemption_not_a_hardware_fault(self):
+        # `ray job stop` on a node's job: Ray sends its agent SIGTERM, the agent says it is leaving,
+        # and the job is replaced without its Ray node being kept off.
+        emu = Emulator(self)
+        run = LiveRun(self, ray_spec(emu, total_steps=160))
+
+        def stop():
+            run.wait_for_step(40)
+            name = [j for j in of_type(run.events(), "node_joined") if j["slot"] == 1][-1]["name"]
+            emu.json("POST", "/api/jobs/" + emu.job_of(name)["submission_id"] + "/stop")
+
+        self.assertEqual(run.run_while(stop), 0, run.diag())
+        ev = run.events()
+        decided = of_type(ev, "recovery_decided")
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("preemption", "relaunch_node")], decided)
+        self.assertNotIn("excluded", run.stderr)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_dashboard_errors_are_retried_and_no_job_is_submitted_twice(self):
         emu = Emulator(self, require_header="Authorization: Bearer ray-secret")
         # The first two submits are carried out but their answers are lost; list calls fail with
