@@ -44,6 +44,20 @@ def spec(**over):
     return s
 
 
+def run_a_command_that_cannot_run(test, job):
+    """Runs `job` (a spec whose command is /nonexistent/python9) and checks the job failed at once
+    as a configuration error with the reason, one decision and no other; returns the run."""
+    run = LiveRun(test, job)
+    t0 = time.time()
+    test.assertEqual(run.run(timeout=120), 1, run.diag())
+    test.assertLess(time.time() - t0, 60, run.diag())
+    test.assertIn("cannot run /nonexistent/python9: No such file or directory", run.stderr, run.diag())
+    decided = of_type(run.events(), "recovery_decided")
+    test.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("configuration_error", "give_up")], decided)
+    test.assertNotIn("excluded", run.stderr)
+    return run
+
+
 class LiveRun:
     def __init__(self, test, job, faults=None):
         self.dir = tempfile.mkdtemp(prefix="goodput-live-")
@@ -907,20 +921,13 @@ class LiveTest(unittest.TestCase):
         # The mistake of a new user: a trainer command that does not exist (exit code 127, "cannot
         # run ...: No such file or directory"). Before, it was restarted 207 times in 90 s and then
         # its nodes were relaunched as hardware faults; now it is a configuration error.
-        run = LiveRun(self, spec(command=["/nonexistent/python9", "train.py"]))
-        t0 = time.time()
-        self.assertEqual(run.run(timeout=120), 1, self.diag(run))
-        self.assertLess(time.time() - t0, 60, self.diag(run))
+        run = run_a_command_that_cannot_run(self, spec(command=["/nonexistent/python9", "train.py"]))
         self.assertIn("configuration_error (process_exit, exit code 127", run.stderr, self.diag(run))
-        self.assertIn("cannot run /nonexistent/python9: No such file or directory", run.stderr)
         self.assertIn("-> give_up [cannot-exec", run.stderr)
         rep = run.report()
         self.assertTrue(rep["gave_up"], rep)
         self.assertIn("cannot run /nonexistent/python9", rep["gave_up_reason"])
         self.assertIn("GAVE UP after", run.stdout)
-        decided = of_type(run.events(), "recovery_decided")
-        self.assertEqual([d["action"] for d in decided], ["give_up"], decided)
-        self.assertEqual(decided[0]["diagnosis"], "configuration_error")
 
     def test_an_agent_stopped_with_sigterm_is_replaced_as_a_preemption_not_a_hardware_fault(self):
         # SIGTERM is how a node is taken away on purpose (a pod deleted, a Ray job stopped, an

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_live import ROOT, LiveRun, of_type, spec  # noqa: E402
+from test_live import ROOT, LiveRun, of_type, run_a_command_that_cannot_run, spec  # noqa: E402
 
 FIXTURES = os.environ.get("GOODPUT_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")) + "/ray"
 EMULATOR = os.path.join(ROOT, "tests", "emulators", "ray", "ray_emulator.py")
@@ -331,14 +331,9 @@ class RayBackendTest(unittest.TestCase):
         # The same mistake as on the local backend (tests/python/test_live.py), through Ray jobs:
         # a configuration error gives up with the reason; no job is resubmitted for it.
         emu = Emulator(self)
-        run = LiveRun(self, ray_spec(emu, command=["/nonexistent/python9", "train.py"]))
-        t0 = time.time()
-        self.assertEqual(run.run(timeout=120), 1, run.diag())
-        self.assertLess(time.time() - t0, 60, run.diag())
-        self.assertIn("cannot run /nonexistent/python9", run.stderr)
-        decided = of_type(run.events(), "recovery_decided")
-        self.assertEqual([(d["diagnosis"], d["action"]) for d in decided], [("configuration_error", "give_up")], decided)
+        run = run_a_command_that_cannot_run(self, ray_spec(emu, command=["/nonexistent/python9", "train.py"]))
         self.assertTrue(run.report()["gave_up"])
+        self.assertEqual(len(emu.submits()), 2, "no job was resubmitted for it")
 
     def test_a_job_a_user_stops_is_replaced_as_a_preemption_not_a_hardware_fault(self):
         # `ray job stop` on a node's job: Ray sends its agent SIGTERM, the agent says it is leaving,
