@@ -593,8 +593,10 @@ class LiveTest(unittest.TestCase):
                             for c in checked if joined[c["node"]]["slot"] == 0), checked)
         decided = {d["node"]: d for d in of_type(ev, "recovery_decided")}
         self.assertEqual((decided[bad]["diagnosis"], decided[bad]["action"]), ("hardware_error", "relaunch_node"))
-        # Slot 2: a straggler, with its measured ratio as the evidence; replaced by the policy.
-        slow = by_slot(2, "straggler")
+        # Slot 2: a straggler, with its measured ratio as the evidence; replaced by the policy. (Its
+        # replacement's link, measured between agents sharing 2 busy cores, may read slow too and be
+        # replaced in turn: only the drilled node's compute verdict is counted.)
+        slow = [c for c in by_slot(2, "straggler") if c["detail"].startswith("compute ")]
         self.assertEqual(len(slow), 1, checked)
         self.assertTrue(slow[0]["compute_ok"])
         ratio = [s for s in of_type(ev, "slowdown_observed") if s["node"] == slow[0]["node"]]
