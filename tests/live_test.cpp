@@ -356,21 +356,33 @@ TEST_CASE("the status endpoints' access: open on loopback, the token elsewhere (
     r.authorization = auth;
     return h.master->handle(r).status;
   };
-  h.master->set_read_access(live::ReadAccess::Auto, "127.0.0.1");
-  CHECK(get("/status", "") == 200);
-  CHECK(get("/", "") == 200);
-  CHECK(get("/metrics", "") == 200);
-  h.master->set_read_access(live::ReadAccess::Auto, "0.0.0.0");
-  CHECK(get("/status", "") == 401);
-  CHECK(get("/", "Bearer nope") == 401);
-  CHECK(get("/status", "Bearer tok") == 200);
-  CHECK(get("/metrics", "") == 200);  // a Prometheus scraper on the private network
-  CHECK(get("/healthz", "") == 200);  // the readiness probe: says nothing of the job
-  h.master->set_read_access(live::ReadAccess::Token, "::1");
-  CHECK(get("/metrics", "") == 401);
-  CHECK(get("/metrics", "Bearer tok") == 200);
-  CHECK(get("/status", "") == 401);
-  h.master->set_read_access(live::ReadAccess::Open, "0.0.0.0");
-  CHECK(get("/status", "") == 200);
-  CHECK(get("/metrics", "") == 200);
+  struct Case {
+    live::ReadAccess access;
+    const char* listen;
+    const char* path;
+    const char* auth;
+    int status;
+  };
+  const Case cases[] = {
+      {live::ReadAccess::Auto, "127.0.0.1", "/status", "", 200},
+      {live::ReadAccess::Auto, "127.0.0.1", "/", "", 200},
+      {live::ReadAccess::Auto, "127.0.0.1", "/metrics", "", 200},
+      {live::ReadAccess::Auto, "0.0.0.0", "/status", "", 401},
+      {live::ReadAccess::Auto, "0.0.0.0", "/", "Bearer nope", 401},
+      {live::ReadAccess::Auto, "0.0.0.0", "/status", "Bearer tok", 200},
+      {live::ReadAccess::Auto, "0.0.0.0", "/metrics", "", 200},  // a Prometheus scraper on the private network
+      {live::ReadAccess::Auto, "0.0.0.0", "/healthz", "", 200},  // the readiness probe: says nothing of the job
+      {live::ReadAccess::Token, "::1", "/metrics", "", 401},
+      {live::ReadAccess::Token, "::1", "/metrics", "Bearer tok", 200},
+      {live::ReadAccess::Token, "::1", "/status", "", 401},
+      {live::ReadAccess::Open, "0.0.0.0", "/status", "", 200},
+      {live::ReadAccess::Open, "0.0.0.0", "/metrics", "", 200},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.listen);
+    CAPTURE(c.path);
+    CAPTURE(c.auth);
+    h.master->set_read_access(c.access, c.listen);
+    CHECK(get(c.path, c.auth) == c.status);
+  }
 }

@@ -186,7 +186,6 @@ void LiveMaster::append(const Event& e) {
           else stall_ = p;
           pause_.reset();
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
-          last_failure_hang_ = p.kind == FailureKind::Hang;
           last_failure_ = p;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
           if (!folding_) notes_.push_back(recovery_note(p));
@@ -547,7 +546,7 @@ json LiveMaster::assignment(const Node& n) const {
     out["checkpoint_tier"] = std::string(to_string(plan_.tier));
     out["persist_every"] = plan_.persist_every;
     out["total_steps"] = spec_.total_steps;
-    out["dump_stacks"] = last_failure_hang_;  // the old trainers' stacks say where they hung
+    out["dump_stacks"] = last_failure_ && last_failure_->kind == FailureKind::Hang;  // the old trainers' stacks say where they hung
     out["job"] = spec_.job;
     out["run_id"] = run_id_;
     // Its replica group's program; every rank learns its part and the world's shape.

@@ -254,7 +254,6 @@ class LiveMaster final : public Backend, public EventSink {
   std::optional<Time> settle_from_;       // a trainer's exit was first seen then; diagnosis waits (settled())
   bool in_advance_ = false;
   bool ticking_ = false;
-  bool last_failure_hang_ = false;
   std::optional<StallObserved> stall_;    // a hang reported and left alone (hang_action "report"), until it moves
   std::optional<StallObserved> pause_;    // a job-wide silence under way (not logged unless it ends by itself)
   int64_t pause_step_ = 0;                // the newest step any rank had reported when it began
