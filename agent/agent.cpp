@@ -29,7 +29,7 @@
 #include "agent/checkpoint/flash_checkpoint.h"
 #include "agent/node_check.h"
 #include "agent/program.h"
-#include "backends/live/http.h"
+#include "net/http.h"
 
 extern char** environ;
 
@@ -251,7 +251,7 @@ int64_t vm_size_bytes(pid_t pid) {
 
 class Agent {
  public:
-  explicit Agent(AgentOptions o) : o_(std::move(o)), url_(live::Url::parse(o_.master_url)) {
+  explicit Agent(AgentOptions o) : o_(std::move(o)), url_(net::Url::parse(o_.master_url)) {
     if (o_.work_dir.empty()) o_.work_dir = "goodput-agent-" + o_.name;
     fs::create_directories(o_.work_dir);
   }
@@ -299,7 +299,7 @@ class Agent {
   std::optional<json> call(const std::string& target, const json& body, int* status = nullptr) {
     // Stderr tails hold any bytes: invalid UTF-8 is replaced, not thrown.
     const std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
-    auto r = live::http_call(url_, "POST", target, o_.token, text, 2000);
+    auto r = net::http_call(url_, "POST", target, o_.token, text, 2000);
     if (!r) return std::nullopt;
     if (status) *status = r->status;
     if (r->status == 401) {
@@ -726,7 +726,7 @@ class Agent {
   }
 
   AgentOptions o_;
-  live::Url url_;
+  net::Url url_;
   int32_t node_ = -1;
   std::chrono::milliseconds interval_{250};
   Trainer t_;

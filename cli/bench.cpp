@@ -9,6 +9,7 @@
 
 #include "engine/event_queue.h"
 #include "engine/job_state.h"
+#include "policies/policy.h"
 #include "sim/montecarlo.h"
 
 namespace goodput {

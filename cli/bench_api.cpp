@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "backends/live/http.h"
+#include "net/http.h"
 
 namespace goodput {
 namespace {
@@ -207,8 +207,8 @@ int run_api_bench(const ApiBenchOptions& o) {
   // Baseline: the same HTTP stack answering "{}" without any master behind it.
   {
     asio::io_context io;
-    live::HttpServer echo(io, "127.0.0.1", 0, [](const live::HttpRequest&) {
-      return live::HttpResponse{200, "application/json", R"({"node":0,"action":"stop"})"};
+    net::HttpServer echo(io, "127.0.0.1", 0, [](const net::HttpRequest&) {
+      return net::HttpResponse{200, "application/json", R"({"node":0,"action":"stop"})"};
     });
     std::thread t([&] { io.run(); });
     const LoadResult base = drive(echo.port(), token, o.agents, std::min(o.seconds, 10.0));
@@ -233,7 +233,7 @@ int run_api_bench(const ApiBenchOptions& o) {
     ::kill(master, SIGKILL);
     return 1;
   }
-  const uint16_t port = static_cast<uint16_t>(std::stoi(live::Url::parse(url).port));
+  const uint16_t port = static_cast<uint16_t>(std::stoi(net::Url::parse(url).port));
   const auto [cpu0, rss0] = cpu_rss(master);
   const auto t0 = Clock::now();
   const LoadResult r = drive(port, token, o.agents, o.seconds);
@@ -241,7 +241,7 @@ int run_api_bench(const ApiBenchOptions& o) {
   const auto [cpu1, rss1] = cpu_rss(master);
   print("goodput master", r);
   json status;
-  if (auto s = live::http_call(live::Url::parse(url), "GET", "/status", "", "", 5000)) status = json::parse(s->body);
+  if (auto s = net::http_call(net::Url::parse(url), "GET", "/status", "", "", 5000)) status = json::parse(s->body);
   std::printf("master: %.2f CPU s over %.1f s (%.0f%% of a core), RSS %.1f MiB (%.1f at start)\n", cpu1 - cpu0, wall,
               100 * (cpu1 - cpu0) / wall, rss1, rss0);
   std::printf("job: phase %s, %d failures observed (must be 0), %lld events logged\n",

@@ -21,7 +21,7 @@
 #include <set>
 #include <thread>
 
-#include "backends/live/http.h"
+#include "net/http.h"
 #include "engine/event_store.h"
 #include "engine/job_state.h"
 
@@ -41,7 +41,7 @@ struct Acks {
 class SimTrainerAgent {
  public:
   SimTrainerAgent(std::string url, std::string token, int index, int64_t total_steps, Acks& acks)
-      : url_(live::Url::parse(url)), token_(std::move(token)), name_("crash-" + std::to_string(index)),
+      : url_(net::Url::parse(url)), token_(std::move(token)), name_("crash-" + std::to_string(index)),
         total_(total_steps), acks_(acks) {}
 
   void run(const std::atomic<bool>& stop) {
@@ -54,7 +54,7 @@ class SimTrainerAgent {
 
  private:
   std::optional<std::pair<int, json>> call(const std::string& target, const json& body) {
-    auto r = live::http_call(url_, "POST", target, token_, body.dump(), 1000);
+    auto r = net::http_call(url_, "POST", target, token_, body.dump(), 1000);
     if (!r) return std::nullopt;
     try {
       return std::make_pair(r->status, json::parse(r->body));
@@ -120,7 +120,7 @@ class SimTrainerAgent {
     if (step_ >= total_) done_ = true;
   }
 
-  live::Url url_;
+  net::Url url_;
   std::string token_, name_;
   int64_t total_;
   Acks& acks_;

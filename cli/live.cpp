@@ -17,8 +17,10 @@
 #include <set>
 
 #include "agent/agent.h"
-#include "backends/live/http.h"
+#include "net/http.h"
 #include "backends/live/live_master.h"
+#include "backends/live/master_api.h"
+#include "backends/live/master_status.h"
 #include "backends/local/local_nodes.h"
 #include "backends/kubernetes/kube_nodes.h"
 #include "backends/ray/ray_nodes.h"
@@ -119,7 +121,7 @@ struct ServeOptions {
   bool local = true;  // run: start agents here; master: wait for agents from elsewhere
   std::string faults_path;
   bool quiet = false;
-  live::TlsFiles tls;  // both set: the API is HTTPS only
+  net::TlsFiles tls;  // both set: the API is HTTPS only
   std::string read_access = "auto";
 };
 
@@ -163,7 +165,7 @@ int serve(ServeOptions o) {
   // Agents know the master by its URL: a resumed master listens where the old one did.
   if (o.resume && o.port == 0) {
     const std::string url = read_first_line((run_dir / "master.url").string());
-    if (!url.empty()) o.port = static_cast<uint16_t>(std::stoi(live::Url::parse(url).port));
+    if (!url.empty()) o.port = static_cast<uint16_t>(std::stoi(net::Url::parse(url).port));
   }
 
   SqliteStore store(db, o.resume ? SqliteStore::Mode::Open : SqliteStore::Mode::Create);
@@ -179,7 +181,7 @@ int serve(ServeOptions o) {
   PolicySet policies = spec.policy.is_null() ? default_policy() : load_policy(spec.policy);
 
   boost::asio::io_context io;
-  live::LiveMaster* master_ptr = nullptr;
+  live::MasterApi* api_ptr = nullptr;
   // The log is the truth: if it cannot be written (disk full, locked past the busy timeout), the
   // master stops rather than act on what it could not record; --resume picks up from the log.
   std::string fatal;
@@ -187,23 +189,23 @@ int serve(ServeOptions o) {
     if (fatal.empty()) fatal = e.what();
     io.stop();
   };
-  std::optional<live::HttpServer> server_holder;
+  std::optional<net::HttpServer> server_holder;
   try {
     const bool tls = !o.tls.cert_file.empty();
-    server_holder.emplace(io, o.listen, o.port, [&](const live::HttpRequest& r) {
-      if (!master_ptr) return live::HttpResponse{503, "application/json", R"({"error":"starting"})"};
+    server_holder.emplace(io, o.listen, o.port, [&](const net::HttpRequest& r) {
+      if (!api_ptr) return net::HttpResponse{503, "application/json", R"({"error":"starting"})"};
       try {
-        return master_ptr->handle(r);
+        return api_ptr->handle(r);
       } catch (const StoreError& e) {
         stop_on_store_error(e);
-        return live::HttpResponse{503, "application/json", R"({"error":"master stopping: event log unwritable"})"};
+        return net::HttpResponse{503, "application/json", R"({"error":"master stopping: event log unwritable"})"};
       }
     }, 1 << 20, tls ? &o.tls : nullptr);
   } catch (const std::runtime_error& e) {
     std::cerr << "goodput: " << e.what() << "\n";
     return 1;
   }
-  live::HttpServer& server = *server_holder;
+  net::HttpServer& server = *server_holder;
   const std::string url = (o.tls.cert_file.empty() ? "http://" : "https://") +
                           (o.listen == "0.0.0.0" ? std::string("127.0.0.1") : o.listen) + ":" +
                           std::to_string(server.port());
@@ -262,13 +264,14 @@ int serve(ServeOptions o) {
     if (o.resume) local->adopt_existing();
     nodes = std::move(local);
   }
-  live::LiveMaster master(spec, std::move(policies), store, clock, nodes.get(), token, run_id);
-  master.set_read_access(o.read_access == "open"    ? live::ReadAccess::Open
-                         : o.read_access == "token" ? live::ReadAccess::Token
-                                                    : live::ReadAccess::Auto,
-                         o.listen);
-  master.set_transport_refusals([&server] { return server.refusals(); });
-  master_ptr = &master;
+  live::LiveMaster master(spec, std::move(policies), store, clock, nodes.get(), run_id);
+  live::MasterApi api(master, token);
+  api.set_read_access(o.read_access == "open"    ? live::ReadAccess::Open
+                      : o.read_access == "token" ? live::ReadAccess::Token
+                                                 : live::ReadAccess::Auto,
+                      o.listen);
+  api.set_transport_refusals([&server] { return server.refusals(); });
+  api_ptr = &api;
   std::cerr << "goodput: " << (master.resumed() ? "resumed" : "started") << " job " << spec.job << ": master at "
             << url << ", log " << db << "\n";
   if (!o.local) std::cerr << "goodput: start agents with: GOODPUT_TOKEN=$(cat " << (run_dir / "token").string()
@@ -314,7 +317,7 @@ int serve(ServeOptions o) {
     for (const std::string& note : master.take_console_notes()) std::cerr << note << "\n";
     if (now - last_print >= std::chrono::seconds(1)) {
       last_print = now;
-      const auto st = master.status();
+      const auto st = live::status_of(master);
       char line[256], loss[32] = "";
       if (st.contains("loss")) std::snprintf(loss, sizeof loss, "  loss %.4g", st["loss"].get<double>());
       std::snprintf(line, sizeof line, "[%6.1fs] %-18s step %6lld/%lld%s  restart %d  goodput %5.1f%%  failures %d",
@@ -432,7 +435,7 @@ void add_live_commands(CLI::App& app, int& rc) {
     std::string token = std::getenv("GOODPUT_TOKEN") ? std::getenv("GOODPUT_TOKEN") : "";
     if (!token_file.empty()) token = read_first_line(token_file);
     if (token.empty()) throw CLI::ValidationError("--token-file", "give --token-file or set GOODPUT_TOKEN");
-    const auto r = live::http_call(live::Url::parse(url), "POST", path, token, body.dump(), 5000);
+    const auto r = net::http_call(net::Url::parse(url), "POST", path, token, body.dump(), 5000);
     if (!r) {
       std::cerr << "goodput: no answer from " << url << "\n";
       rc = 1;

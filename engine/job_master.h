@@ -9,7 +9,7 @@
 #include "engine/event.h"
 #include "engine/event_store.h"
 #include "engine/job_state.h"
-#include "policies/policy.h"
+#include "engine/policy_interfaces.h"
 
 namespace goodput {
 

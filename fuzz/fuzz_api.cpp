@@ -38,13 +38,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string line = in.substr(start, end - start);
     start = end + 1;
     const size_t tab = line.find('\t');
-    live::HttpRequest r;
+    net::HttpRequest r;
     r.target = line.substr(0, tab);
     r.method = r.target.rfind("/v1/", 0) == 0 ? "POST" : "GET";
     r.authorization = "Bearer t";
     r.body = tab == std::string::npos ? "" : line.substr(tab + 1);
     if (r.target == "/") continue;  // the page folds the whole log: slow, and covered by tests
-    const live::HttpResponse resp = master.handle(r);
+    const net::HttpResponse resp = f.api->handle(r);
     if (resp.status < 200 || resp.status > 599) __builtin_trap();
     now += 100 * kMillisecond;
     clock.advance_to(now);

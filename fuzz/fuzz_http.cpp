@@ -4,13 +4,13 @@
 #include <cstdint>
 #include <string>
 
-#include "backends/live/http.h"
+#include "net/http.h"
 #include "fuzz/fuzz_master.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace goodput;
-  const live::ParsedRequest parsed =
-      live::parse_request(std::string_view(reinterpret_cast<const char*>(data), size), 4096);
+  const net::ParsedRequest parsed =
+      net::parse_request(std::string_view(reinterpret_cast<const char*>(data), size), 4096);
   if (parsed.refusal && parsed.refusal->status != 400 && parsed.refusal->status != 413) __builtin_trap();
   if (!parsed.request) return 0;
   live::JobSpec spec;
@@ -19,10 +19,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   spec.command = {"true"};
   spec.total_steps = 100;
   fuzz::FuzzMaster f("http", spec);
-  live::HttpRequest r = *parsed.request;
+  net::HttpRequest r = *parsed.request;
   if (r.target == "/") return 0;  // the page folds the whole log: slow, and covered by tests
   r.peer_address = "127.0.0.1";
-  const live::HttpResponse resp = f.master->handle(r);
+  const net::HttpResponse resp = f.api->handle(r);
   if (resp.status < 200 || resp.status > 599) __builtin_trap();
   return 0;
 }

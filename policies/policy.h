@@ -12,6 +12,7 @@
 
 #include "engine/event.h"
 #include "engine/job_state.h"
+#include "engine/policy_interfaces.h"
 
 namespace goodput {
 
@@ -47,41 +48,6 @@ class DiagnosisTable {
 
  private:
   std::vector<DiagnosisRule> rules_;
-};
-
-// ---- the three kinds of policy -------------------------------------------------------------------------
-class RecoveryPolicy {
- public:
-  virtual ~RecoveryPolicy() = default;
-  // REQUIRES: `state` has already applied `failure`.
-  virtual RecoveryDecided on_failure(const JobState& state, const FailureObserved& failure) const = 0;
-  // Whether a restart may load the host-memory checkpoint (flash) or must go to storage.
-  virtual bool restore_from_memory() const = 0;
-  // A node became slower (or recovered); a decision to replace it, or nothing.
-  virtual std::optional<RecoveryDecided> on_slowdown(const JobState&, const SlowdownObserved&) const {
-    return std::nullopt;
-  }
-};
-
-class CheckpointPolicy {
- public:
-  virtual ~CheckpointPolicy() = default;
-  // Called after every event the master sees; a new plan when the plan should change.
-  virtual std::optional<CheckpointPlanSet> plan(const JobState& state, const EventPayload& event) const = 0;
-};
-
-class ScalingPolicy {
- public:
-  virtual ~ScalingPolicy() = default;
-  virtual std::optional<ScaleDecided> decide(const JobState& state, const EventPayload& event) const = 0;
-};
-
-struct PolicySet {
-  std::string name;
-  nlohmann::json config;  // as given, with defaults filled in
-  std::shared_ptr<const RecoveryPolicy> recovery;
-  std::shared_ptr<const CheckpointPolicy> checkpoint;
-  std::shared_ptr<const ScalingPolicy> scaling;
 };
 
 // {"name": "...", "recovery": {"policy": "diagnose", ...}, "checkpoint": {"policy": "flash", ...},

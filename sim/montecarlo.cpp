@@ -1,4 +1,5 @@
 #include "sim/montecarlo.h"
+#include "policies/policy.h"
 
 #include <atomic>
 #include <exception>

@@ -6,6 +6,7 @@
 #include <regex>
 #include <set>
 
+#include "policies/policy.h"
 #include "engine/event_json.h"
 #include "engine/event_queue.h"
 #include "engine/job_master.h"

@@ -277,7 +277,7 @@ TEST_CASE("the client sends the token file's current token, and honours 429 Retr
   std::vector<std::string> seen;
   int throttle = 1;
   boost::asio::io_context io;
-  live::HttpServer server(io, "127.0.0.1", 0, [&](const live::HttpRequest& r) -> live::HttpResponse {
+  net::HttpServer server(io, "127.0.0.1", 0, [&](const net::HttpRequest& r) -> net::HttpResponse {
     seen.push_back(r.authorization);
     if (throttle-- > 0) return {429, "application/json", k8s_text("status-429-eviction-pdb.json")};
     return {200, "application/json", R"({"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7"},"items":[]})"};

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "backends/live/http.h"
+#include "net/http.h"
 #include "backends/live/job_spec.h"
 #include "backends/live/live_master.h"
 #include "engine/json_reader.h"
@@ -209,7 +209,7 @@ TEST_CASE("a live run with real agents: node check, checkpoints persisted, a kil
 }
 
 TEST_CASE("raw requests are read as the server reads them: requests, refusals and incomplete bytes") {
-  using live::parse_request;
+  using net::parse_request;
   const auto ok = parse_request("POST /v1/register HTTP/1.1\r\nHost: m\r\nAuthorization: Bearer t\r\nContent-Length: 13\r\n\r\n"
                                 "{\"name\":\"n0\"}");
   REQUIRE(ok.request);
@@ -311,9 +311,9 @@ TEST_CASE("every refusal is counted by reason in /metrics: token, bad requests, 
   // A real server on loopback with a short read timeout, and raw sockets for what no HTTP client sends.
   Harness h(nullptr, 2);
   boost::asio::io_context io;
-  live::HttpServer server(io, "127.0.0.1", 0, [&](const live::HttpRequest& r) { return h.master->handle(r); }, 1 << 20,
+  net::HttpServer server(io, "127.0.0.1", 0, [&](const net::HttpRequest& r) { return h.api->handle(r); }, 1 << 20,
                           nullptr, std::chrono::milliseconds(300));
-  h.master->set_transport_refusals([&server] { return server.refusals(); });
+  h.api->set_transport_refusals([&server] { return server.refusals(); });
   std::thread loop([&] { io.run(); });
   auto raw = [&](const std::string& bytes, int wait_ms) {
     boost::asio::io_context cio;
@@ -331,11 +331,11 @@ TEST_CASE("every refusal is counted by reason in /metrics: token, bad requests, 
   CHECK(raw("GARBAGE\r\n\r\n", 50).rfind("HTTP/1.1 400", 0) == 0);
   raw("POST /v1/register HTTP/1.1\r\nContent-Le", 700);  // begun, never finished: closed after 300 ms
   raw("", 700);                                            // an idle connection closing is no refusal
-  const auto url = live::Url::parse("http://127.0.0.1:" + std::to_string(server.port()));
-  CHECK(live::http_call(url, "POST", "/v1/register", "wrong", "{}", 2000)->status == 401);
-  CHECK(live::http_call(url, "POST", "/v1/register", "tok", "{not json", 2000)->status == 400);
-  CHECK(live::http_call(url, "POST", "/v1/register", "tok", R"({"name": 5})", 2000)->status == 400);
-  const std::string m = live::http_call(url, "GET", "/metrics", "", "", 2000)->body;
+  const auto url = net::Url::parse("http://127.0.0.1:" + std::to_string(server.port()));
+  CHECK(net::http_call(url, "POST", "/v1/register", "wrong", "{}", 2000)->status == 401);
+  CHECK(net::http_call(url, "POST", "/v1/register", "tok", "{not json", 2000)->status == 400);
+  CHECK(net::http_call(url, "POST", "/v1/register", "tok", R"({"name": 5})", 2000)->status == 400);
+  const std::string m = net::http_call(url, "GET", "/metrics", "", "", 2000)->body;
   io.stop();
   loop.join();
   CAPTURE(m);
@@ -350,11 +350,11 @@ TEST_CASE("every refusal is counted by reason in /metrics: token, bad requests, 
 TEST_CASE("the status endpoints' access: open on loopback, the token elsewhere (metrics open), or as set") {
   Harness h(nullptr, 2);
   auto get = [&](const std::string& path, const std::string& auth) {
-    live::HttpRequest r;
+    net::HttpRequest r;
     r.method = "GET";
     r.target = path;
     r.authorization = auth;
-    return h.master->handle(r).status;
+    return h.api->handle(r).status;
   };
   struct Case {
     live::ReadAccess access;
@@ -382,7 +382,7 @@ TEST_CASE("the status endpoints' access: open on loopback, the token elsewhere (
     CAPTURE(c.listen);
     CAPTURE(c.path);
     CAPTURE(c.auth);
-    h.master->set_read_access(c.access, c.listen);
+    h.api->set_read_access(c.access, c.listen);
     CHECK(get(c.path, c.auth) == c.status);
   }
 }

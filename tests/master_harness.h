@@ -16,6 +16,8 @@
 
 #include "backends/live/job_spec.h"
 #include "backends/live/live_master.h"
+#include "backends/live/master_api.h"
+#include "backends/live/master_status.h"
 #include "engine/event_json.h"
 #include "engine/event_store.h"
 #include "policies/policy.h"
@@ -51,6 +53,7 @@ struct Harness {
   RecordingProvider provider;
   std::unique_ptr<SqliteStore> store;
   std::unique_ptr<live::LiveMaster> master;
+  std::unique_ptr<live::MasterApi> api;  // the master's HTTP API, with the token "tok"
 
   // A job of `nodes` nodes with that node check (null: none).
   explicit Harness(const json& node_check, int nodes = 3) : Harness(spec_with(node_check, nodes)) {}
@@ -61,8 +64,15 @@ struct Harness {
   explicit Harness(Spec s) {
     fs::remove(db);
     store = std::make_unique<SqliteStore>(db.string(), SqliteStore::Mode::Create);
-    master = std::make_unique<live::LiveMaster>(live::job_spec_from_json(s.spec, "", "."), std::move(s.policy), *store,
-                                                clock, &provider, "tok", "run1");
+    new_master(s.spec, std::move(s.policy));
+  }
+  // A master (a fresh one, or one resumed from the log so far) for this job spec.
+  void new_master(const json& spec, PolicySet policy = default_policy()) {
+    api.reset();
+    master.reset();
+    master = std::make_unique<live::LiveMaster>(live::job_spec_from_json(spec, "", "."), std::move(policy), *store, clock,
+                                                &provider, "run1");
+    api = std::make_unique<live::MasterApi>(*master, "tok");
   }
   static Spec spec_with(const json& node_check, int nodes) {
     json spec{{"job", "chk"}, {"nodes", nodes}, {"command", {"true"}}, {"total_steps", 10},
@@ -71,18 +81,19 @@ struct Harness {
     return {spec};
   }
   ~Harness() {
+    api.reset();
     master.reset();
     store.reset();
     fs::remove(db);
   }
-  live::HttpResponse request(const std::string& path, const json& body) {
-    live::HttpRequest r;
+  net::HttpResponse request(const std::string& path, const json& body) {
+    net::HttpRequest r;
     r.method = "POST";
     r.target = path;
     r.authorization = "Bearer tok";
     r.body = body.dump();
     r.peer_address = "127.0.0.1";
-    return master->handle(r);
+    return api->handle(r);
   }
   json post(const std::string& path, const json& body) {  // one that must succeed
     const auto resp = request(path, body);

@@ -135,7 +135,7 @@ TEST_CASE("the master pairs new nodes, re-pairs suspects with a node that passed
                                          "launch 1 1000"};
   CHECK(h.provider.calls == want);
   CHECK(h.beat(b)["action"] == "exit");
-  const std::string metrics = h.master->metrics();
+  const std::string metrics = live::metrics_of(*h.master);
   CHECK(metrics.find("goodput_node_checks_total{verdict=\"suspect\"} 2\n") != std::string::npos);
   CHECK(metrics.find("goodput_node_checks_total{verdict=\"faulty\"} 1\n") != std::string::npos);
   CHECK(metrics.find("goodput_node_checks_total{verdict=\"passed\"} 2\n") != std::string::npos);
@@ -307,12 +307,8 @@ TEST_CASE("an operator's check of a running node stops training, checks it again
   CHECK(std::find(h.provider.calls.begin(), h.provider.calls.end(), "exclude b") != h.provider.calls.end());
 
   // A master resumed from this log knows b's verdict and a's and c's: nothing is checked twice.
-  h.master.reset();
-  h.master = std::make_unique<live::LiveMaster>(
-      live::job_spec_from_json(json{{"job", "chk"}, {"nodes", 3}, {"command", {"true"}}, {"total_steps", 10},
-                                    {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}, {"node_check", json::object()}},
-                               "", "."),
-      default_policy(), *h.store, h.clock, &h.provider, "tok", "run1");
+  h.new_master(json{{"job", "chk"}, {"nodes", 3}, {"command", {"true"}}, {"total_steps", 10},
+                    {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}, {"node_check", json::object()}});
   h.tick();
   CHECK(h.beat(a)["action"] == "stop");  // slot 1 waits for its replacement
   const int32_t d = h.join("d", 7004);
@@ -380,13 +376,13 @@ TEST_CASE("hang_action and stall_after in a job spec are checked and default sen
 
 TEST_CASE("a flood of requests with a wrong token is logged once a minute, with its count and without the token") {
   Harness h(nullptr, 2);
-  live::HttpRequest r;
+  net::HttpRequest r;
   r.method = "POST";
   r.target = "/v1/register";
   r.authorization = "Bearer guessed-token-123";
   r.body = R"({"name":"intruder"})";
   r.peer_address = "10.9.8.7";
-  for (int i = 0; i < 1000; ++i) CHECK(h.master->handle(r).status == 401);
+  for (int i = 0; i < 1000; ++i) CHECK(h.api->handle(r).status == 401);
   auto refused = h.events("api_refused");
   REQUIRE(refused.size() == 1);  // the first at once
   CHECK(refused[0]["count"] == 1);
@@ -402,7 +398,7 @@ TEST_CASE("a flood of requests with a wrong token is logged once a minute, with 
   std::string log;
   h.store->for_each([&](const Event& e) { log += event_to_line(e); });
   CHECK(log.find("guessed-token-123") == std::string::npos);
-  CHECK(h.master->metrics().find("goodput_api_unauthorized_total 1000\n") != std::string::npos);
+  CHECK(live::metrics_of(*h.master).find("goodput_api_unauthorized_total 1000\n") != std::string::npos);
 }
 
 TEST_CASE("an operator's check of a training job waits for its next checkpoint, so nothing is recomputed") {
@@ -429,12 +425,8 @@ TEST_CASE("an operator's check of a training job waits for its next checkpoint, 
   h.tick(kSecond);
   CHECK(h.master->state().phase() == Phase::Training);  // still training until the save
   // The master is killed and resumed from its log before the checkpoint comes.
-  h.master.reset();
-  h.master = std::make_unique<live::LiveMaster>(
-      live::job_spec_from_json(json{{"job", "chk"}, {"nodes", 2}, {"command", {"true"}}, {"total_steps", 10},
-                                    {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}},
-                               "", "."),
-      default_policy(), *h.store, h.clock, &h.provider, "tok", "run1");
+  h.new_master(json{{"job", "chk"}, {"nodes", 2}, {"command", {"true"}}, {"total_steps", 10},
+                    {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}});
   CHECK(h.request("/v1/check", json{{"slots", {0}}}).status == 409);  // still waiting
   train(a, 12, 1);
   train(b, 12, 1);  // both ranks saved step 10: the checkpoint, and the check right after it

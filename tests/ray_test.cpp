@@ -29,9 +29,9 @@ json fixture(const std::string& name) { return json::parse(fixture_text(name)); 
 
 // A dashboard on a real socket whose answers the test scripts: one function per request.
 struct FakeDashboard {
-  using Script = std::function<live::HttpResponse(const live::HttpRequest&)>;
+  using Script = std::function<net::HttpResponse(const net::HttpRequest&)>;
   explicit FakeDashboard(Script s)
-      : server(io, "127.0.0.1", 0, [this, s](const live::HttpRequest& r) {
+      : server(io, "127.0.0.1", 0, [this, s](const net::HttpRequest& r) {
           seen.push_back(r.method + " " + r.target);
           return s(r);
         }) {
@@ -43,7 +43,7 @@ struct FakeDashboard {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(server.port()); }
   boost::asio::io_context io;
-  live::HttpServer server;
+  net::HttpServer server;
   std::vector<std::string> seen;
   std::thread thread;
 };
@@ -121,7 +121,7 @@ TEST_CASE("the client retries 5xx and lost answers, reads plain-text errors, and
   int failures_left = 2;
   bool created = false;
   const std::string not_found = fixture_text("jobs-404.txt");
-  FakeDashboard d([&](const live::HttpRequest& r) -> live::HttpResponse {
+  FakeDashboard d([&](const net::HttpRequest& r) -> net::HttpResponse {
     if (r.target == "/api/jobs/" && r.method == "GET") {
       if (failures_left-- > 0) return {503, "text/plain", "Service Unavailable"};
       return {200, "application/json", "[" + fixture_text("jobs-get-response-running.json") + "]"};

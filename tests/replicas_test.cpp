@@ -308,12 +308,9 @@ TEST_CASE("scaling gives up and takes back workers only; a lost parameter server
   CHECK(h.running(w3)["rank"] == 2);
 
   // A master resumed from this log places every node where the running one did.
-  h.master.reset();
   json spec = ps_job({{{"type", "ps"}, {"command", {"python3", "ps.py"}}}, {{"type", "worker"}, {"count", 2}}});
   spec["policy"] = {{"scaling", {{"policy", "elastic"}, {"min_nodes", 2}}}};
-  h.master = std::make_unique<live::LiveMaster>(live::job_spec_from_json(spec, "", "."),
-                                                load_policy(json{{"scaling", {{"policy", "elastic"}, {"min_nodes", 2}}}}),
-                                                *h.store, h.clock, &h.provider, "tok", "run1");
+  h.new_master(spec, load_policy(json{{"scaling", {{"policy", "elastic"}, {"min_nodes", 2}}}}));
   CHECK(h.running(p2)["rank"] == 0);
   CHECK(h.running(1)["rank"] == 1);
   CHECK(h.running(w3)["rank"] == 2);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "policies/policy.h"
 #include "engine/event_json.h"
 #include "engine/event_store.h"
 #include "report/report.h"

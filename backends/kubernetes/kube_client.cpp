@@ -191,10 +191,10 @@ std::string url_encode(const std::string& s) {
 }
 
 KubeClient::KubeClient(KubeConfig config, int attempts)
-    : config_(std::move(config)), url_(live::Url::parse(config_.server)), attempts_(attempts) {}
+    : config_(std::move(config)), url_(net::Url::parse(config_.server)), attempts_(attempts) {}
 
-live::Headers KubeClient::headers() const {
-  live::Headers h{{"Accept", "application/json"}};
+net::Headers KubeClient::headers() const {
+  net::Headers h{{"Accept", "application/json"}};
   // A projected service-account token is rotated by the kubelet: read it again every time.
   std::string token = config_.token;
   if (!config_.token_file.empty()) token = trim(read_file(config_.token_file, "token file"));
@@ -222,9 +222,9 @@ json KubeClient::call(const std::string& method, const std::string& path, const 
   int backoff = 100;
   const std::string text = body.is_null() ? "" : body.dump();
   for (int attempt = 1;; ++attempt) {
-    live::Headers h = headers();
+    net::Headers h = headers();
     if (!text.empty()) h.emplace_back("Content-Type", content_type);
-    const auto r = live::http_request(url_, method, path, h, text, 10000, &config_.tls);
+    const auto r = net::http_request(url_, method, path, h, text, 10000, &config_.tls);
     if (r && r->status >= 200 && r->status < 300) {
       const json j = json::parse(r->body, nullptr, false);
       if (j.is_discarded()) throw KubeError(method + " " + path + ": the answer is not JSON", r->status);
@@ -263,7 +263,7 @@ bool KubeClient::watch(const std::string& path, const std::string& label_selecto
   if (!label_selector.empty()) target += "&labelSelector=" + url_encode(label_selector);
   std::string partial;
   bool expired = false;
-  const live::StreamResult r = live::http_stream(
+  const net::StreamResult r = net::http_stream(
       url_, "GET", target, headers(), &config_.tls, 90000, cancel, [&](std::string_view data) {
         partial.append(data);
         size_t start = 0;

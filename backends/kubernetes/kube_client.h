@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backends/live/http.h"
+#include "net/http.h"
 
 namespace goodput::kube {
 
@@ -27,7 +27,7 @@ struct KubeError : std::runtime_error {
 struct KubeConfig {
   std::string server;     // https://host:port
   std::string namespace_ = "default";
-  live::TlsClient tls;
+  net::TlsClient tls;
   std::string token;      // a fixed bearer token
   std::string token_file; // or one read again before each request (service-account tokens rotate)
   std::string source;     // where this came from, for messages
@@ -79,10 +79,10 @@ class KubeClient {
   int64_t retries() const { return retries_; }
 
  private:
-  live::Headers headers() const;
+  net::Headers headers() const;
 
   KubeConfig config_;
-  live::Url url_;
+  net::Url url_;
   int attempts_;
   std::atomic<int64_t> retries_{0};
 };

@@ -105,14 +105,14 @@ std::vector<RayNode> parse_node_list(const json& j, const std::string& where) {
   return out;
 }
 
-RayClient::RayClient(const std::string& address, live::Headers headers, RetryOptions retry)
-    : address_(address), url_(live::Url::parse(address)), headers_(std::move(headers)), retry_(retry) {}
+RayClient::RayClient(const std::string& address, net::Headers headers, RetryOptions retry)
+    : address_(address), url_(net::Url::parse(address)), headers_(std::move(headers)), retry_(retry) {}
 
-live::HttpResponse RayClient::call(const std::string& method, const std::string& target, const std::string& body) {
+net::HttpResponse RayClient::call(const std::string& method, const std::string& target, const std::string& body) {
   int backoff = retry_.first_backoff_ms;
   for (int attempt = 1;; ++attempt) {
     ++calls_;
-    const auto r = live::http_request(url_, method, target, headers_, body, retry_.timeout_ms);
+    const auto r = net::http_request(url_, method, target, headers_, body, retry_.timeout_ms);
     std::string why;
     int status = 0;
     if (!r) why = "no answer from the Ray dashboard at " + address_;
@@ -130,7 +130,7 @@ live::HttpResponse RayClient::call(const std::string& method, const std::string&
 }
 
 json RayClient::call_json(const std::string& method, const std::string& target, const std::string& body) {
-  const live::HttpResponse r = call(method, target, body);
+  const net::HttpResponse r = call(method, target, body);
   if (r.status != 200)
     throw RayError(method + " " + target + ": the Ray dashboard answered " + std::to_string(r.status) + ": " +
                        first_line(r.body),
@@ -151,7 +151,7 @@ std::string RayClient::ray_version() {
 
 void RayClient::submit(const SubmitRequest& request) {
   path_id(request.submission_id);
-  const live::HttpResponse r = call("POST", "/api/jobs/", request.to_json().dump());
+  const net::HttpResponse r = call("POST", "/api/jobs/", request.to_json().dump());
   if (r.status == 200) return;
   // A try whose answer was lost may have created the job: Ray refuses the same submission_id
   // twice, and the job that is there is ours.
@@ -165,7 +165,7 @@ void RayClient::submit(const SubmitRequest& request) {
 
 std::optional<RayJob> RayClient::job(const std::string& submission_id) {
   const std::string target = "/api/jobs/" + path_id(submission_id);
-  const live::HttpResponse r = call("GET", target, "");
+  const net::HttpResponse r = call("GET", target, "");
   if (r.status == 404) return std::nullopt;
   if (r.status != 200)
     throw RayError("GET " + target + ": " + std::to_string(r.status) + ": " + first_line(r.body), r.status, false);

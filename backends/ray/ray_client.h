@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backends/live/http.h"
+#include "net/http.h"
 
 namespace goodput::ray {
 
@@ -73,7 +73,7 @@ struct RetryOptions {
 
 class RayClient {
  public:
-  RayClient(const std::string& address, live::Headers headers, RetryOptions retry = {});
+  RayClient(const std::string& address, net::Headers headers, RetryOptions retry = {});
 
   std::string ray_version();
   // Submits once: a retry after a lost answer finds the job its first try created (the
@@ -90,12 +90,12 @@ class RayClient {
   int64_t retries() const { return retries_; }
 
  private:
-  live::HttpResponse call(const std::string& method, const std::string& target, const std::string& body);
+  net::HttpResponse call(const std::string& method, const std::string& target, const std::string& body);
   nlohmann::json call_json(const std::string& method, const std::string& target, const std::string& body);
 
   std::string address_;
-  live::Url url_;
-  live::Headers headers_;
+  net::Url url_;
+  net::Headers headers_;
   RetryOptions retry_;
   int64_t calls_ = 0;
   int64_t retries_ = 0;

@@ -15,7 +15,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-namespace goodput::live {
+namespace goodput::net {
 
 struct HttpRequest {
   std::string method;  // "GET", "POST"
@@ -117,4 +117,4 @@ StreamResult http_stream(const Url& url, const std::string& method, const std::s
                          const TlsClient* tls, int idle_timeout_ms, const std::atomic<bool>& cancel,
                          const std::function<void(std::string_view)>& on_data);
 
-}  // namespace goodput::live
+}  // namespace goodput::net

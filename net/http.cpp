@@ -1,4 +1,4 @@
-#include "backends/live/http.h"
+#include "net/http.h"
 
 #include <fcntl.h>
 
@@ -12,7 +12,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
-namespace goodput::live {
+namespace goodput::net {
 
 namespace asio = boost::asio;
 namespace ssl = asio::ssl;
@@ -444,4 +444,4 @@ StreamResult http_stream(const Url& url, const std::string& method, const std::s
   return result;
 }
 
-}  // namespace goodput::live
+}  // namespace goodput::net

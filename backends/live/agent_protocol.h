@@ -1,0 +1,72 @@
+// The messages agents send the master, typed: what MasterApi reads off the wire (strictly: every
+// key known, every field its type) and LiveMaster acts on. The JSON spellings are in master_api.cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/live/node_checks.h"
+#include "engine/event.h"
+
+namespace goodput::live {
+
+// A request the master cannot take in its current state (an unknown node: 404; a shard not
+// assigned to it: 409). MasterApi answers it with `status` and the message.
+struct ApiError : std::runtime_error {
+  ApiError(int status, const std::string& what) : std::runtime_error(what), status(status) {}
+  int status;
+};
+
+// POST /v1/register: a node's agent introduces itself (again, after a master restart).
+struct RegisterRequest {
+  std::string name;
+  std::string host;         // where other ranks reach it (its own word, else the request's source)
+  int64_t slot = -1;        // the slot it was launched for; -1: any
+  uint16_t check_port = 0;  // its link-probe port
+  uint16_t rdzv_port = 0;   // a free port it offers for the rendezvous store
+};
+
+// The trainer's whole status, as one heartbeat carries it. Ages are the agent's (how long ago).
+struct TrainerReport {
+  int32_t restart = -1;
+  std::string phase;
+  int64_t pid = 0;
+  int64_t step = 0;
+  int64_t progress_age_ms = 0;
+  bool stopped = false;
+  bool done = false;
+  std::optional<double> loss;
+  double work_median_s = -1;
+  double work_mad_s = -1;
+  int64_t saves = 0;
+  int64_t save_blocking_ns = 0;
+  int64_t saved_step = -1;
+  std::vector<int64_t> storage_steps;
+  std::optional<CheckpointLoaded> loaded;
+  struct Exit {
+    int32_t code = 0;
+    int32_t signal = 0;
+    std::string reason;
+    bool done = false;
+    int64_t age_ms = 0;
+  };
+  std::optional<Exit> exit;
+};
+
+// POST /v1/heartbeat (and /v1/exit, with `leaving`).
+struct AgentReport {
+  NodeId node = -1;
+  std::string host;
+  uint16_t check_port = 0;  // 0: not said
+  uint16_t rdzv_port = 0;
+  std::string persist_error;
+  std::optional<std::pair<int64_t, CheckReport>> check;  // a check result and the round id it answers
+  std::optional<std::string> leaving;                    // the agent was stopped on purpose, and why
+  std::optional<TrainerReport> trainer;
+};
+
+}  // namespace goodput::live

@@ -1,0 +1,109 @@
+#include "backends/live/agreement.h"
+
+#include <algorithm>
+#include <climits>
+
+namespace goodput::live {
+
+namespace {
+int phase_rank(const std::string& p) {
+  if (p == "starting") return 1;
+  if (p == "rendezvous") return 2;
+  if (p == "loaded") return 3;
+  if (p == "training") return 4;
+  return 0;  // none, exited
+}
+
+template <class Pred> bool all(const Ranks& w, Pred pred) {
+  return std::all_of(w.begin(), w.end(), [&](const Node* n) { return pred(n->trainer); });
+}
+}  // namespace
+
+std::optional<JobFinished> completed(const Ranks& w, int32_t gen) {
+  if (!all(w, [&](const Trainer& t) { return t.restart == gen && t.done && (!t.exited || t.exit_code == 0); }))
+    return std::nullopt;
+  int64_t step = 0;
+  for (const Node* n : w) step = std::max(step, n->trainer.step);
+  return JobFinished{"completed", step};
+}
+
+std::optional<CheckpointPersisted> persisted(const Ranks& w, int64_t persisted, int64_t saved) {
+  std::optional<int64_t> common;
+  for (int64_t step : w.front()->trainer.storage_steps)
+    if (step > persisted && step <= saved && (!common || step > *common) && all(w, [&](const Trainer& t) {
+          return std::find(t.storage_steps.begin(), t.storage_steps.end(), step) != t.storage_steps.end();
+        }))
+      common = step;
+  if (!common) return std::nullopt;
+  return CheckpointPersisted{*common, 1};
+}
+
+Node* exit_culprit(const Ranks& w, int32_t gen) {
+  auto score = [](const Trainer& x) { return (x.exit_signal != 0 ? 2 : 0) + (x.exit_reason.find("emory") != std::string::npos ? 1 : 0); };
+  Node* culprit = nullptr;
+  for (Node* n : w) {
+    const Trainer& t = n->trainer;
+    if (t.restart != gen || !t.exited || t.done) continue;
+    if (!culprit || score(t) > score(culprit->trainer) ||
+        (score(t) == score(culprit->trainer) && t.exited_at < culprit->trainer.exited_at))
+      culprit = n;
+  }
+  return culprit;
+}
+
+Node* hang_culprit(const Ranks& w, int32_t gen, Time now, Duration hang_timeout) {
+  const bool hung = std::any_of(w.begin(), w.end(), [&](const Node* n) {
+    const Trainer& t = n->trainer;
+    return t.restart == gen && !t.exited && now - t.last_progress > hang_timeout;
+  });
+  if (!hung) return nullptr;
+  Node* culprit = nullptr;
+  for (Node* n : w) {
+    const Trainer& t = n->trainer;
+    if (t.restart != gen || t.exited) continue;
+    if (!culprit || (t.stopped && !culprit->trainer.stopped) ||
+        (t.stopped == culprit->trainer.stopped && t.last_progress < culprit->trainer.last_progress))
+      culprit = n;
+  }
+  return culprit;
+}
+
+std::optional<EventPayload> phase_reached(Phase phase, const Ranks& w, int32_t gen, Time now, Time run_at,
+                                          int32_t world_size) {
+  if (phase == Phase::Restart) {
+    if (now >= run_at && all(w, [&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 1; }))
+      return ProcessesStarted{world_size, gen};
+  } else if (phase == Phase::Rendezvous) {
+    if (all(w, [&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 2; }))
+      return RendezvousComplete{world_size, gen};
+  } else if (phase == Phase::CheckpointLoad) {
+    if (all(w, [&](const Trainer& t) { return t.restart == gen && t.loaded; })) {
+      CheckpointLoaded l = *w.front()->trainer.loaded;
+      for (const Node* n : w) {
+        l.step = std::min(l.step, n->trainer.loaded->step);
+        l.tier = std::max(l.tier, n->trainer.loaded->tier);
+        l.load_time = std::max(l.load_time, n->trainer.loaded->load_time);
+      }
+      return l;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<CheckpointSaved> saved(const Ranks& w, int32_t gen, int64_t logged_saves, int64_t logged_blocking,
+                                     const CheckpointPlanSet& plan) {
+  int64_t saves = INT64_MAX, step = INT64_MAX, blocking = 0;
+  for (const Node* n : w) {
+    const Trainer& t = n->trainer;
+    saves = std::min(saves, t.restart == gen ? t.saves : 0);
+    step = std::min(step, t.saved_step);
+    blocking = std::max(blocking, t.save_blocking_ns);
+  }
+  if (saves <= logged_saves || step < 0) return std::nullopt;
+  const int64_t count = saves - logged_saves;
+  const int64_t per_save = std::max<int64_t>(blocking - logged_blocking, 0) / count;
+  const bool persist = plan.tier == Tier::Memory && plan.persist_every > 0 && saves % plan.persist_every == 0;
+  return CheckpointSaved{step, plan.tier == Tier::None ? Tier::Memory : plan.tier, per_save, persist, count};
+}
+
+}  // namespace goodput::live

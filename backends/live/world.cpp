@@ -1,0 +1,172 @@
+#include "backends/live/world.h"
+
+#include <algorithm>
+
+namespace goodput::live {
+
+World::World(std::vector<ReplicaGroup> groups, int32_t slots)
+    : groups_(std::move(groups)),
+      slots_(static_cast<size_t>(slots), -1),
+      slot_memory_(static_cast<size_t>(slots), 1000),
+      size_(slots) {}
+
+Node& World::join(const NodeJoined& p) {
+  Node& n = nodes_[p.node];
+  n.id = p.node;
+  n.name = p.name;
+  n.slot = p.slot;
+  n.kind = p.replica_type;
+  if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
+  waiting_slots_.erase(p.slot);
+  next_node_ = std::max(next_node_, p.node + 1);
+  return n;
+}
+
+void World::relaunch(const RecoveryDecided& p) {
+  Node& n = nodes_[p.node];
+  n.gone = true;
+  if (n.slot >= 0 && static_cast<size_t>(n.slot) < slots_.size()) {
+    if (p.action == RecoveryAction::RelaunchWithMoreMemory)
+      slot_memory_[n.slot] = static_cast<int32_t>(int64_t{slot_memory_[n.slot]} * p.memory_permille / 1000);
+    slots_[n.slot] = -1;
+  }
+  n.former_slot = n.slot;
+  n.slot = -1;
+}
+
+void World::restarted(const RestartJob& p) {
+  // Its saves (steps above the one it restores) are laid out as its world is.
+  const nlohmann::json layout = replica_counts(groups_, p.world_size);
+  if (layout != layout_of(p.restore_step + 1)) {
+    layouts_.erase(layouts_.lower_bound(p.restore_step), layouts_.end());
+    layouts_[p.restore_step] = layout;
+  }
+}
+
+void World::scale(const ScaleDecided& p) {
+  if (!p.group.empty()) {
+    relayout(p);
+    return;
+  }
+  size_ = std::clamp(p.to, 0, slot_count());
+  for (int32_t s = size_; s < slot_count(); ++s)
+    if (slots_[s] >= 0) {
+      nodes_[slots_[s]].slot = -1;  // back to the spares
+      slots_[s] = -1;
+    }
+  place_spares();
+}
+
+void World::relayout(const ScaleDecided& d) {
+  std::vector<ReplicaGroup> groups = groups_;
+  const auto g = std::find_if(groups.begin(), groups.end(), [&](const ReplicaGroup& x) { return x.type == d.group; });
+  if (g == groups.end()) return;  // a log from a job with other groups: nothing to move
+  const int32_t before = g->count;
+  g->count = static_cast<int32_t>(std::clamp<int64_t>(int64_t{g->count} + d.to - d.from, 0, 1 << 20));
+  if (g->count > before) grown_.try_emplace(g->type, before);  // the count the growth may go back to
+  else if (const auto it = grown_.find(g->type); it != grown_.end() && g->count <= it->second) grown_.erase(it);
+  int32_t first = 0;
+  for (ReplicaGroup& x : groups) {
+    x.first_slot = first;
+    first += x.count;
+  }
+  std::vector<NodeId> slots(static_cast<size_t>(first), -1);
+  std::vector<int32_t> memory(static_cast<size_t>(first), 1000);
+  std::set<int32_t> waiting;
+  for (int32_t s = 0; s < slot_count(); ++s) {
+    const ReplicaGroup& old = replica_group(groups_, s);
+    const ReplicaGroup& now = *std::find_if(groups.begin(), groups.end(), [&](const ReplicaGroup& x) { return x.type == old.type; });
+    const int32_t index = s - old.first_slot;
+    if (index >= now.count) continue;  // released (below) or a vacant slot that is no more
+    const int32_t moved = now.first_slot + index;
+    slots[moved] = slots_[s];
+    memory[moved] = slot_memory_[s];
+    if (slots_[s] >= 0) nodes_[slots_[s]].slot = moved;
+    if (waiting_slots_.contains(s)) waiting.insert(moved);
+  }
+  for (NodeId id : d.released)
+    if (Node* n = node(id)) {
+      n->gone = true;  // out of the job: its agent is told to exit, its machine is let go
+      n->former_slot = -1;
+      n->slot = -1;
+    }
+  groups_ = std::move(groups);
+  relaid_ = true;
+  slots_ = std::move(slots);
+  slot_memory_ = std::move(memory);
+  waiting_slots_ = std::move(waiting);
+  size_ = std::clamp(d.to, 0, slot_count());
+  place_spares();
+}
+
+void World::place_spares() {
+  for (int32_t s = 0; s < size_; ++s) {
+    if (slots_[s] >= 0) continue;
+    for (auto& [id, n] : nodes_)
+      if (!n.gone && n.slot < 0 && fits(n, s)) {
+        n.slot = s;
+        slots_[s] = id;
+        break;
+      }
+  }
+}
+
+Node* World::node(NodeId id) {
+  auto it = nodes_.find(id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+const Node* World::node(NodeId id) const {
+  auto it = nodes_.find(id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+const Node* World::named(const std::string& name) const {
+  for (const auto& [id, n] : nodes_)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+const Node* World::holder(int32_t slot) const {
+  if (slot < 0 || slot >= slot_count() || slots_[slot] < 0) return nullptr;
+  return node(slots_[slot]);
+}
+
+std::vector<Node*> World::ranks() {
+  std::vector<Node*> out;
+  for (int32_t s = 0; s < size_; ++s) {
+    if (slots_[s] < 0) return {};
+    out.push_back(&nodes_[slots_[s]]);
+  }
+  return out;
+}
+
+bool World::ranks_held() const {
+  return std::none_of(slots_.begin(), slots_.begin() + size_, [](NodeId id) { return id < 0; });
+}
+
+bool World::every_slot_held() const {
+  return std::none_of(slots_.begin(), slots_.end(), [](NodeId id) { return id < 0; });
+}
+
+std::optional<int32_t> World::first_vacant() const {
+  const auto it = std::find(slots_.begin(), slots_.end(), NodeId{-1});
+  if (it == slots_.end()) return std::nullopt;
+  return static_cast<int32_t>(it - slots_.begin());
+}
+
+bool World::fits(const Node& n, int32_t slot) const { return n.kind.empty() || group_of(slot).type == n.kind; }
+
+nlohmann::json World::layout_of(int64_t step) const {
+  auto it = layouts_.lower_bound(step);  // the newest restart that restored a step below `step`
+  if (it == layouts_.begin()) return nullptr;
+  return std::prev(it)->second;
+}
+
+std::optional<int32_t> World::grown_from(const std::string& type) const {
+  const auto it = grown_.find(type);
+  if (it == grown_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace goodput::live
