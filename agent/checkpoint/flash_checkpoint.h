@@ -12,6 +12,11 @@
 // generation in its header, stored with release order), so a process killed mid-save leaves the
 // previous checkpoint intact. Storage: <dir>/step-<step>/rank-<rank>.ckpt, written to a temporary
 // name, fsynced, renamed, and the directory fsynced. A step is complete when every rank has it.
+//
+// The parts, each in a file of its own: format.h (header, manifest, checksums: what an image is),
+// memory_objects.h (the shared-memory objects), posix_storage.cpp (the file system), this class
+// (save, load, reserve, persist over those), persister.cpp (AsyncPersister) and inventory.cpp (what
+// operators list and verify).
 #pragma once
 
 #include <atomic>
