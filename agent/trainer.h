@@ -1,0 +1,82 @@
+// Trainer supervision on a node: one trainer process, started with the environment the agent built
+// (in its own process group, killed with the agent, under a memory limit), watched through its
+// progress file (phases, steps, saves, CPU work per step), reaped with its exit status and the
+// reason its error file or stderr gives, stopped (its stacks dumped first when it hung), and the
+// target of injected faults. It knows nothing of the master: the agent turns report() into the
+// heartbeat and the master's answers into start() and stop().
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace goodput::agent {
+
+class TrainerProcess {
+ public:
+  // persist_wanted: called when the trainer asks for a persist, and when it exits (persist on failure).
+  TrainerProcess(std::string node_name, std::string work_dir, std::function<void()> persist_wanted);
+
+  struct Files {
+    std::string progress, log, err, error;  // progress reports, stdout, stderr, torchelastic error file
+  };
+  // The files of a restart's trainer, the old progress and error files removed.
+  Files prepare(int32_t restart) const;
+  // Starts argv with env (the previous trainer must be stopped). False: it could not be (logged).
+  bool start(int32_t restart, int32_t rank, int32_t world, const Files& files, std::vector<std::string> argv,
+             std::vector<std::string> env, int64_t limit_mb);
+  // Stops it for good (SIGKILL to its process group); dump: its stacks first, to diagnose a hang.
+  void stop(bool dump = false);
+  // The agent is leaving: SIGTERM, up to 2 s to exit, then stop().
+  void leave();
+  bool reap();           // true when the trainer just exited
+  bool read_progress();  // true when it reported something the master should hear now
+  void inject(const std::string& fault);  // kill-process, hang, oom or dump-stacks
+  void kill_group();     // SIGKILL to its process group at once (kill-node)
+
+  // The heartbeat's "trainer" object: restart, phase, pid, step, progress age, saves, done, what it
+  // loaded, loss, the work window's median and MAD, and how it exited.
+  nlohmann::json report() const;
+  int32_t restart() const { return t_.restart; }
+  bool exited() const { return t_.exited; }
+  bool running() const { return t_.pid > 0 && !t_.exited; }
+
+ private:
+  using Steady = std::chrono::steady_clock;
+  struct State {
+    pid_t pid = -1;
+    int32_t restart = -1;
+    Files files;
+    off_t progress_offset = 0;
+    std::string partial_line;
+    std::string phase = "none";
+    int64_t step = 0;
+    Steady::time_point last_progress = Steady::now();
+    int64_t saves = 0, save_blocking_ns = 0, saved_step = -1;
+    std::optional<nlohmann::json> loaded;
+    std::optional<double> loss;
+    std::vector<double> work;  // CPU seconds per step, the last kWorkWindow steps
+    bool exited = false, done = false;
+    int32_t code = 0, signal = 0;
+    std::string reason;
+    Steady::time_point exited_at;
+    int stack_signal = 0;  // the trainer dumps its own stacks on this signal (goodput.live: SIGUSR1)
+  };
+  bool on_progress(const std::string& line);
+  void dump_stacks(bool wake);
+  void dump_native_stacks();
+
+  std::string name_;
+  std::string work_dir_;
+  std::function<void()> persist_wanted_;
+  State t_;
+};
+
+}  // namespace goodput::agent
