@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -243,6 +244,40 @@ TEST_CASE("engine and policies do not touch the OS directly") {
     }
   }
   CHECK(checked >= 10);
+}
+
+// The floors: each folder includes only from those below it, so the core never depends on the live
+// side and the agent never on the master. Every source file of each folder is read.
+TEST_CASE("each layer includes only from the layers below it") {
+  const std::map<std::string, std::set<std::string>> may_include = {
+      {"engine", {"engine"}},
+      {"report", {"engine", "report"}},
+      {"policies", {"engine", "policies"}},
+      {"sim", {"engine", "report", "policies", "sim"}},
+      {"net", {"net"}},
+      {"agent", {"agent", "net"}},
+      {"backends", {"engine", "report", "policies", "net", "backends"}},
+  };
+  const std::regex include(R"re(^\s*#\s*include\s+"([a-z_]+)/)re");
+  int checked = 0;
+  for (const auto& [layer, allowed] : may_include) {
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(test::source_path(layer))) {
+      const std::string ext = entry.path().extension().string();
+      if (ext != ".h" && ext != ".cpp") continue;
+      std::ifstream in(entry.path());
+      std::string line;
+      for (int n = 1; std::getline(in, line); ++n) {
+        std::smatch m;
+        if (!std::regex_search(line, m, include)) continue;
+        CAPTURE(entry.path().string());
+        CAPTURE(n);
+        CAPTURE(line);
+        CHECK(allowed.count(m[1].str()) == 1);
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked >= 60);
 }
 
 #include "sim/index_set.h"

@@ -14,6 +14,7 @@
 
 #include "backends/kubernetes/kube_client.h"
 #include "backends/kubernetes/kube_nodes.h"
+#include "policies/policy.h"
 #include "backends/live/job_spec.h"
 #include "engine/json_reader.h"
 #include "test_util.h"

@@ -143,7 +143,8 @@ std::string pod_status(const json& pod) {
   return s;
 }
 
-KubeNodes::KubeNodes(KubeNodesOptions options) : o_(std::move(options)), client_(o_.config) {
+KubeNodes::KubeNodes(KubeNodesOptions options)
+    : ClusterNodes({"kubernetes", "node", "pod"}, options.replicas, true), o_(std::move(options)), client_(o_.config) {
   ns_ = !o_.spec.namespace_.empty() ? o_.spec.namespace_ : o_.config.namespace_;
   selector_ = "goodput/run=" + dns_label(o_.run);
   // The token the agents authenticate with: a Secret the pods' environment reads.
@@ -162,19 +163,19 @@ KubeNodes::KubeNodes(KubeNodesOptions options) : o_(std::move(options)), client_
       const std::string name = str(field(p, "metadata"), "name");
       const auto dash = name.rfind('-');
       if (dash != std::string::npos) counter_ = std::max(counter_, std::atoi(name.c_str() + dash + 1) + 1);
-      pods_[name].node = str(field(p, "spec"), "nodeName");
-      pods_[name].launched = std::chrono::steady_clock::now();  // a pod still unscheduled gets a full pending_timeout
-      pods_[name].rank = str(field(field(p, "metadata"), "labels"), "goodput/rank");
+      KubePod& pod = members_[name];
+      pod.machine = str(field(p, "spec"), "nodeName");
+      pod.launched = std::chrono::steady_clock::now();  // a pod still unscheduled gets a full pending_timeout
+      pod.rank = str(field(field(p, "metadata"), "labels"), "goodput/rank");
     }
   }
-  threads_.emplace_back([this] { commands(); });
+  start_worker();
   threads_.emplace_back([this] { watch_loop("nodes"); });
   threads_.emplace_back([this] { watch_loop("pods"); });
 }
 
 KubeNodes::~KubeNodes() {
-  quit_ = true;
-  cv_.notify_all();
+  stop_worker();
   for (auto& t : threads_)
     if (t.joinable()) t.join();
 }
@@ -185,20 +186,20 @@ struct SlotShape {
   std::string type = "worker";
   int32_t index = 0;
 };
-SlotShape shape_of(const KubeNodesOptions& o, int32_t slot) {
-  if (o.replicas.empty()) return {o.spec, "worker", slot};
-  const live::ReplicaGroup& g = live::replica_group(o.replicas, slot);
+SlotShape shape_of(const std::vector<live::ReplicaGroup>& groups, const live::KubeBackendSpec& spec, int32_t slot) {
+  if (groups.empty()) return {spec, "worker", slot};
+  const live::ReplicaGroup& g = live::replica_group(groups, slot);
   return {g.kube, g.type, slot - g.first_slot};
 }
 }  // namespace
 
 std::string KubeNodes::pod_name(int32_t slot, int n) const {
-  return dns_label(o_.run) + "-" + shape_of(o_, slot).type + "-" + std::to_string(n);
+  return dns_label(o_.run) + "-" + shape_of(groups_, o_.spec, slot).type + "-" + std::to_string(n);
 }
 
 json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name, int32_t slot,
                              int32_t memory_permille, const std::set<std::string>& avoid) {
-  const SlotShape shape = shape_of(o_, slot);
+  const SlotShape shape = shape_of(o_.replicas, o_.spec, slot);
   const live::KubeBackendSpec& s = shape.spec;
   json container = {{"name", "agent"},
                     {"image", s.image},
@@ -259,102 +260,42 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
           {"spec", spec}};
 }
 
-void KubeNodes::set_layout(const std::vector<live::ReplicaGroup>& groups) {
-  std::lock_guard lock(mu_);
-  o_.replicas = groups;
-}
-
 void KubeNodes::launch(int32_t slot, int32_t memory_permille) {
   {
     std::lock_guard lock(mu_);
     const std::string name = pod_name(slot, counter_++);
-    pods_[name].rank = std::to_string(slot);
-    pods_[name].launched = std::chrono::steady_clock::now();
-    queue_.push_back({Command::Create, name, memory_permille, slot});
+    members_[name].rank = std::to_string(slot);
+    members_[name].launched = std::chrono::steady_clock::now();
+    queue({Command::Create, name, memory_permille, slot});
   }
-  cv_.notify_all();
-}
-
-void KubeNodes::terminate(const std::string& name) {
-  {
-    std::lock_guard lock(mu_);
-    auto it = pods_.find(name);
-    if (it == pods_.end()) return;
-    it->second.deleting = true;
-    queue_.push_back({Command::Delete, name, 0, -1});
-  }
-  cv_.notify_all();
 }
 
 void KubeNodes::ranked(const std::string& name, int32_t rank) {
   {
     std::lock_guard lock(mu_);
-    auto it = pods_.find(name);
-    if (it == pods_.end() || it->second.deleting || it->second.ended || it->second.rank == std::to_string(rank)) return;
+    auto it = members_.find(name);
+    if (it == members_.end() || it->second.stopping || it->second.ended || it->second.rank == std::to_string(rank)) return;
     it->second.rank = std::to_string(rank);
-    queue_.push_back({Command::Relabel, name, 0, rank});
+    queue({Command::Relabel, name, 0, rank});
   }
-  cv_.notify_all();
-}
-
-void KubeNodes::exclude(const std::string& name) {
-  std::lock_guard lock(mu_);
-  const auto it = pods_.find(name);
-  if (it == pods_.end() || it->second.node.empty()) return;
-  if (excluded_nodes_.insert(it->second.node).second)
-    std::cerr << "goodput: kubernetes: node " << it->second.node << " excluded (pod " << name << " diagnosed with a hardware error)\n";
-}
-
-std::vector<StatusObserved> KubeNodes::status_changes() {
-  std::lock_guard lock(mu_);
-  return std::exchange(changes_, {});
-}
-
-std::vector<live::LostNode> KubeNodes::lost() {
-  std::lock_guard lock(mu_);
-  return std::exchange(lost_, {});
-}
-
-void KubeNodes::shut_down(int timeout_ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::unique_lock lock(mu_);
-  cv_.wait_until(lock, until, [&] {
-    for (const auto& [name, p] : pods_)
-      if (!p.ended && !p.deleting) return false;
-    return true;
-  });
-  // Pods are deleted at the end whatever their state: their logs are in the event log's reasons.
-  for (auto& [name, p] : pods_)
-    if (!p.deleting) {
-      p.deleting = true;
-      queue_.push_back({Command::Delete, name, 0, -1});
-    }
-  cv_.notify_all();
-  cv_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(10), [&] { return queue_.empty(); });
-}
-
-void KubeNodes::report(const std::string& name, Pod& p, std::string reason, bool fatal) {
-  if (p.reported || p.deleting) return;
-  p.reported = true;
-  lost_.push_back({name, std::move(reason), fatal});
 }
 
 void KubeNodes::on_pod(const std::string& type, const json& pod) {
   const std::string name = str(field(pod, "metadata"), "name");
   std::lock_guard lock(mu_);
-  auto it = pods_.find(name);
-  if (it == pods_.end()) return;  // not one this master launched
-  Pod& p = it->second;
-  p.node = str(field(pod, "spec"), "nodeName", p.node);
+  auto it = members_.find(name);
+  if (it == members_.end()) return;  // not one this master launched
+  KubePod& p = it->second;
+  p.machine = str(field(pod, "spec"), "nodeName", p.machine);
   p.unschedulable = unschedulable(pod).value_or("");
   if (const std::string st = type == "DELETED" ? "deleted" : pod_status(pod); st != p.status) {
     p.status = st;
-    changes_.push_back({"pod", name, st});
+    status_changed("pod", name, st);
   }
-  if (!p.node.empty()) node_status_.try_emplace(p.node, "Ready");  // scheduled there: it was ready
+  if (!p.machine.empty()) node_status_.try_emplace(p.machine, "Ready");  // scheduled there: it was ready
   const bool deleted_by_others = type == "DELETED" || field(pod, "metadata").contains("deletionTimestamp");
   if (type == "DELETED") p.ended = true;
-  if (deleted_by_others && !(!p.node.empty() && bad_nodes_.count(p.node))) {
+  if (deleted_by_others && !(!p.machine.empty() && bad_nodes_.count(p.machine))) {
     // Not by this master (its own deletions are not reported), and its node is fine: someone
     // deleted it (kubectl delete pod, a drain), which says nothing against the node.
     report(name, p, "pod " + name + " was deleted by someone else: stopped by an operator", false);
@@ -364,8 +305,8 @@ void KubeNodes::on_pod(const std::string& type, const json& pod) {
     const std::string phase = str(field(pod, "status"), "phase");
     p.ended = phase == "Failed" || phase == "Succeeded";
     report(name, p, t->reason, t->fatal);
-  } else if (!p.node.empty() && bad_nodes_.count(p.node)) {
-    report(name, p, "pod " + name + " is on lost node " + p.node, false);
+  } else if (!p.machine.empty() && bad_nodes_.count(p.machine)) {
+    report(name, p, "pod " + name + " is on lost node " + p.machine, false);
   }
   cv_.notify_all();
 }
@@ -376,7 +317,7 @@ void KubeNodes::on_node(const std::string& type, const json& node) {
   std::lock_guard lock(mu_);
   if (const auto it = node_status_.find(name); it != node_status_.end() && it->second != trouble.value_or("Ready")) {
     it->second = trouble.value_or("Ready");  // only nodes our pods ran on: a big cluster's others are not ours to log
-    changes_.push_back({"node", name, it->second});
+    status_changed("node", name, it->second);
   }
   if (!trouble) {
     bad_nodes_.erase(name);
@@ -384,8 +325,8 @@ void KubeNodes::on_node(const std::string& type, const json& node) {
   }
   if (!bad_nodes_.insert(name).second) return;
   std::cerr << "goodput: kubernetes: node " << name << ": " << *trouble << "\n";
-  for (auto& [pod, p] : pods_)
-    if (p.node == name && !p.ended) report(pod, p, "node " + name + " lost: " + *trouble, false);
+  for (auto& [pod, p] : members_)
+    if (p.machine == name && !p.ended) report(pod, p, "node " + name + " lost: " + *trouble, false);
 }
 
 void KubeNodes::watch_loop(const std::string& resource) {
@@ -426,67 +367,59 @@ void KubeNodes::give_up_unscheduled() {
   // slot is reported waiting (an elastic policy may go on without it) and another is created.
   // A pod that is scheduled but slow to start (an image pull) is not given up.
   const auto now = std::chrono::steady_clock::now();
-  for (auto& [name, p] : pods_) {
-    if (!p.node.empty() || p.deleting || p.reported || p.ended ||
+  for (auto& [name, p] : members_) {
+    if (!p.machine.empty() || p.stopping || p.reported || p.ended ||
         now - p.launched < std::chrono::nanoseconds(o_.spec.pending_timeout))
       continue;
     report(name, p, "pod " + name + " was not scheduled within " + format_duration(o_.spec.pending_timeout) +
                         (p.unschedulable.empty() ? "" : " (" + p.unschedulable + ")"),
            false);
-    p.deleting = true;
-    queue_.push_back({Command::Delete, name, 0, -1});
+    p.stopping = true;
+    queue({Command::Delete, name, 0, -1});
   }
 }
 
-void KubeNodes::commands() {
-  while (true) {
-    Command c;
-    std::set<std::string> avoid;
-    KubeNodesOptions shape;  // for a Create: copied under the lock, as set_layout() may change the groups
-    {
-      std::unique_lock lock(mu_);
-      for (;;) {  // with nothing to do, look for pods to give up every second
-        give_up_unscheduled();
-        if (quit_ || !queue_.empty()) break;
-        cv_.wait_for(lock, std::chrono::seconds(1));
-      }
-      if (quit_) return;
-      c = queue_.front();
-      if (c.kind == Command::Create) shape = o_;
-      avoid = bad_nodes_;
-      avoid.insert(excluded_nodes_.begin(), excluded_nodes_.end());
+void KubeNodes::on_idle() {
+  std::lock_guard lock(mu_);
+  give_up_unscheduled();
+}
+
+void KubeNodes::prepare(Command& c) {
+  give_up_unscheduled();
+  // For a Create: the shape as set_layout() last said, the nodes to keep off as they are now.
+  creating_ = o_;
+  creating_.replicas = groups_;
+  avoid_ = bad_nodes_;
+  avoid_.insert(excluded_.begin(), excluded_.end());
+}
+
+bool KubeNodes::carry_out(const Command& c) {
+  try {
+    if (c.kind == Command::Create) {
+      client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(creating_, c.name, c.slot, c.memory_permille, avoid_));
+    } else if (c.kind == Command::Delete) {
+      client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/pods/" + c.name);
+    } else {
+      client_.merge_patch("/api/v1/namespaces/" + ns_ + "/pods/" + c.name,
+                          {{"metadata", {{"labels", {{"goodput/rank", std::to_string(c.slot)}}}}}});
     }
-    bool done = true;
-    try {
-      if (c.kind == Command::Create) {
-        client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(shape, c.name, c.slot, c.memory_permille, avoid));
-      } else if (c.kind == Command::Delete) {
-        client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/pods/" + c.name);
-      } else {
-        client_.merge_patch("/api/v1/namespaces/" + ns_ + "/pods/" + c.name,
-                            {{"metadata", {{"labels", {{"goodput/rank", std::to_string(c.slot)}}}}}});
-      }
-    } catch (const KubeError& e) {
-      if (c.kind == Command::Create && e.code == 409) {
-        // AlreadyExists: an earlier try that lost its answer created it.
-      } else if (c.kind != Command::Create && e.code == 404) {
-        // Already gone.
-      } else if (e.code == 0 || e.code == 429 || e.code >= 500) {
-        std::cerr << "goodput: kubernetes: " << e.what() << " (will try again)\n";
-        done = false;
-      } else {
-        std::cerr << "goodput: kubernetes: " << e.what() << "\n";
-        std::lock_guard lock(mu_);
-        if (c.kind == Command::Create) report(c.name, pods_[c.name], std::string("the API server refused the pod: ") + e.what(), true);
-      }
-    } catch (const std::exception& e) {
+  } catch (const KubeError& e) {
+    if (c.kind == Command::Create && e.code == 409) {
+      // AlreadyExists: an earlier try that lost its answer created it.
+    } else if (c.kind != Command::Create && e.code == 404) {
+      // Already gone.
+    } else if (e.code == 0 || e.code == 429 || e.code >= 500) {
+      std::cerr << "goodput: kubernetes: " << e.what() << " (will try again)\n";
+      return false;
+    } else {
       std::cerr << "goodput: kubernetes: " << e.what() << "\n";
+      std::lock_guard lock(mu_);
+      if (c.kind == Command::Create) report(c.name, members_[c.name], std::string("the API server refused the pod: ") + e.what(), true);
     }
-    std::unique_lock lock(mu_);
-    if (done) queue_.pop_front();
-    cv_.notify_all();
-    if (!done) cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_.load(); });
+  } catch (const std::exception& e) {
+    std::cerr << "goodput: kubernetes: " << e.what() << "\n";
   }
+  return true;
 }
 
 }  // namespace goodput::kube

@@ -12,7 +12,7 @@
 // Pods and nodes are listed, then watched from that resourceVersion with bookmarks; a dropped
 // stream resumes from the last version seen, a 410 Expired re-lists, and each pod is reported at
 // most once, so no failure is missed and none is acted on twice. Creating and deleting pods runs
-// on a worker thread of its own, so a slow API server never stalls the master.
+// on the worker thread of ClusterNodes, so a slow API server never stalls the master.
 #pragma once
 
 #include <atomic>
@@ -29,7 +29,7 @@
 
 #include "backends/kubernetes/kube_client.h"
 #include "backends/live/job_spec.h"
-#include "backends/live/live_master.h"
+#include "backends/live/cluster_nodes.h"
 
 namespace goodput::kube {
 
@@ -59,18 +59,19 @@ struct KubeNodesOptions {
   bool adopt = false; // after a master restart: take this run's pods back
 };
 
-class KubeNodes final : public live::NodeProvider {
+// One node of the job: its pod. `machine` is the Kubernetes node it was scheduled to.
+struct KubePod : live::ClusterMember {
+  std::string rank;  // its goodput/rank label: as created, or as last patched
+  std::chrono::steady_clock::time_point launched;  // asked for then (or adopted then)
+  std::string unschedulable;  // why the scheduler has not placed it yet, as it says
+};
+
+class KubeNodes final : public live::ClusterNodes<KubePod> {
  public:
   explicit KubeNodes(KubeNodesOptions options);
   ~KubeNodes() override;
 
   void launch(int32_t slot, int32_t memory_permille) override;
-  void terminate(const std::string& name) override;
-  std::vector<live::LostNode> lost() override;
-  void shut_down(int timeout_ms) override;
-  void exclude(const std::string& name) override;
-  std::vector<StatusObserved> status_changes() override;
-  void set_layout(const std::vector<live::ReplicaGroup>& groups) override;
   void ranked(const std::string& name, int32_t rank) override;  // patches its goodput/rank label
 
   // The pod a launch makes: its name, memory, the nodes it must keep off.
@@ -78,28 +79,12 @@ class KubeNodes final : public live::NodeProvider {
                                      int32_t memory_permille, const std::set<std::string>& avoid);
 
  private:
-  struct Pod {
-    std::string node;  // where it was scheduled
-    bool deleting = false;
-    bool reported = false;
-    bool ended = false;
-    std::string status;  // as last logged
-    std::string rank;    // its goodput/rank label: as created, or as last patched
-    std::chrono::steady_clock::time_point launched;  // asked for then (or adopted then)
-    std::string unschedulable;  // why the scheduler has not placed it yet, as it says
-  };
-  struct Command {
-    enum { Create, Delete, Relabel } kind;
-    std::string name;
-    int32_t memory_permille = 1000;
-    int32_t slot = -1;  // Create: the slot it is for; Relabel: its rank now
-  };
-
-  void commands();
+  void prepare(Command& c) override;
+  bool carry_out(const Command& c) override;
+  void on_idle() override;  // every second: pods pending too long are given up
   void watch_loop(const std::string& resource);
   void on_pod(const std::string& type, const nlohmann::json& pod);
   void on_node(const std::string& type, const nlohmann::json& node);
-  void report(const std::string& name, Pod& p, std::string reason, bool fatal);
   void give_up_unscheduled();  // under mu_
   std::string pod_name(int32_t slot, int n) const;
 
@@ -107,18 +92,12 @@ class KubeNodes final : public live::NodeProvider {
   KubeClient client_;
   std::string ns_;
   std::string selector_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Command> queue_;
-  std::map<std::string, Pod> pods_;
-  std::set<std::string> bad_nodes_;       // nodes Kubernetes reports in trouble (until it reports them well)
-  std::set<std::string> excluded_nodes_;  // nodes the master found bad (hardware error, failed check): for good
-  std::vector<live::LostNode> lost_;
+  std::set<std::string> bad_nodes_;  // nodes Kubernetes reports in trouble (until it reports them well)
   std::map<std::string, std::string> node_status_;  // nodes that hosted our pods -> status as last logged
-  std::vector<StatusObserved> changes_;
+  KubeNodesOptions creating_;        // the shape of the pod being created (prepare: under the lock)
+  std::set<std::string> avoid_;      // the nodes it keeps off
   int counter_ = 0;
-  std::atomic<bool> quit_{false};
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> threads_;  // the watches of pods and nodes
 };
 
 }  // namespace goodput::kube

@@ -23,18 +23,13 @@ std::string seconds(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 RayNodes::RayNodes(RayNodesOptions options)
-    : o_(std::move(options)), client_(o_.spec.address, o_.spec.headers, o_.retry) {
-  worker_ = std::thread([this] { loop(); });
+    : ClusterNodes({"ray", "Ray node", "node"}, options.replicas, false),
+      o_(std::move(options)),
+      client_(o_.spec.address, o_.spec.headers, o_.retry) {
+  start_worker();
 }
 
-RayNodes::~RayNodes() {
-  {
-    std::lock_guard lock(mu_);
-    quit_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
-}
+RayNodes::~RayNodes() { stop_worker(); }
 
 std::string RayNodes::submission_id(const std::string& name) const {
   std::string id = "goodput-" + o_.run + "-" + name;
@@ -43,67 +38,25 @@ std::string RayNodes::submission_id(const std::string& name) const {
   return id;
 }
 
-void RayNodes::set_layout(const std::vector<live::ReplicaGroup>& groups) {
-  std::lock_guard lock(mu_);
-  o_.replicas = groups;
-}
-
 void RayNodes::launch(int32_t slot, int32_t memory_permille) {
-  {
-    std::lock_guard lock(mu_);
-    queue_.push_back({Command::Submit, "", memory_permille, slot});
-  }
-  cv_.notify_all();
-}
-
-void RayNodes::terminate(const std::string& name) {
-  {
-    std::lock_guard lock(mu_);
-    auto it = nodes_.find(name);
-    if (it == nodes_.end()) return;
-    it->second.stopping = true;
-    queue_.push_back({Command::Stop, name, 0, -1});
-  }
-  cv_.notify_all();
-}
-
-std::vector<StatusObserved> RayNodes::status_changes() {
   std::lock_guard lock(mu_);
-  return std::exchange(changes_, {});
+  queue({Command::Create, "", memory_permille, slot});
 }
 
-std::vector<live::LostNode> RayNodes::lost() {
-  std::lock_guard lock(mu_);
-  return std::exchange(lost_, {});
+void RayNodes::prepare(Command& c) {
+  if (c.kind != Command::Create || !c.name.empty()) return;
+  // Named when carried out, so names continue after any this run adopted.
+  c.name = "ray-" + std::to_string(counter_++);
+  RayJobNode& t = members_[c.name];
+  t.name = c.name;
+  t.memory_permille = c.memory_permille;
+  t.slot = c.slot;
 }
 
-void RayNodes::shut_down(int timeout_ms) {
-  // Agents leave on their own once the master says the job is over; their Ray jobs then succeed.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto all_ended = [&] {
-    for (const auto& [name, t] : nodes_)
-      if (!t.ended && !t.stopping) return false;
-    return true;
-  };
-  {
-    std::unique_lock lock(mu_);
-    cv_.wait_until(lock, until, [&] { return all_ended(); });
-    for (auto& [name, t] : nodes_)
-      if (!t.ended && !t.stopping) {
-        t.stopping = true;
-        queue_.push_back({Command::Stop, name, 0, -1});
-      }
-    cv_.notify_all();
-    // Let the worker carry out the stops (bounded: a dashboard that is gone cannot be helped).
-    cv_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(10), [&] { return queue_.empty(); });
-    quit_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
-}
+std::chrono::steady_clock::duration RayNodes::idle_every() const { return std::chrono::nanoseconds(o_.spec.poll_interval); }
 
-SubmitRequest RayNodes::request_for(const Tracked& t) const {
-  const live::ReplicaGroup* g = o_.replicas.empty() ? nullptr : &live::replica_group(o_.replicas, t.slot);
+SubmitRequest RayNodes::request_for(const RayJobNode& t) const {
+  const live::ReplicaGroup* g = groups_.empty() ? nullptr : &live::replica_group(groups_, t.slot);
   const live::RayBackendSpec& s = o_.spec;
   const live::RayBackendSpec& shape = g ? g->ray : o_.spec;  // what the node's Ray job asks for
   SubmitRequest r;
@@ -126,30 +79,17 @@ SubmitRequest RayNodes::request_for(const Tracked& t) const {
   return r;
 }
 
-void RayNodes::report(Tracked& t, std::string reason, bool fatal) {
+void RayNodes::end(RayJobNode& t, std::string reason, bool fatal) {
   t.ended = true;
-  if (t.stopping) return;
-  lost_.push_back({t.name, std::move(reason), fatal});
-}
-
-void RayNodes::exclude(const std::string& name) {
-  std::lock_guard lock(mu_);
-  const auto it = nodes_.find(name);
-  if (it == nodes_.end() || it->second.ray_node.empty()) {
-    std::cerr << "goodput: ray: cannot keep later nodes off " << name << "'s machine: Ray never said where it ran\n";
-    return;
-  }
-  excluded_.insert(it->second.ray_node);
-  std::cerr << "goodput: ray: Ray node " << it->second.ray_node.substr(0, 12) << " (" << name
-            << "'s) is excluded: later nodes are pinned to other nodes\n";
+  report(t.name, t, std::move(reason), fatal);
 }
 
 std::string RayNodes::pinned_node_ip() const {
   if (excluded_.empty()) return "";
   // Spread over the alive nodes not excluded: workers before the head, fewest of this run's nodes first.
   std::map<std::string, int> ours;
-  for (const auto& [name, t] : nodes_)
-    if (!t.ended && !t.ray_node.empty()) ++ours[t.ray_node];
+  for (const auto& [name, t] : members_)
+    if (!t.ended && !t.machine.empty()) ++ours[t.machine];
   const RayNode* best = nullptr;
   auto key = [&](const RayNode& n) { return std::make_tuple(n.is_head_node, ours[n.node_id], n.node_ip); };
   for (const RayNode& n : cluster_)
@@ -159,18 +99,19 @@ std::string RayNodes::pinned_node_ip() const {
   return best ? best->node_ip : "";
 }
 
-bool RayNodes::run_command(const Command& c) {
+bool RayNodes::carry_out(const Command& c) {
+  if (c.kind == Command::Relabel) return true;  // Ray jobs carry no rank label
   try {
-    if (c.kind == Command::Submit) {
+    if (c.kind == Command::Create) {
       SubmitRequest r;
       {
         std::lock_guard lock(mu_);
-        r = request_for(nodes_.at(c.name));
+        r = request_for(members_.at(c.name));
         if (const std::string ip = pinned_node_ip(); !ip.empty()) r.resources["node:" + ip] = 0.001;
       }
       client_.submit(r);
       std::lock_guard lock(mu_);
-      nodes_[c.name].submitted = true;
+      members_[c.name].submitted = true;
     } else {
       client_.stop(submission_id(c.name));
     }
@@ -184,7 +125,7 @@ bool RayNodes::run_command(const Command& c) {
     // cannot fix; a stop of a job Ray does not know needs nothing more.
     std::cerr << "goodput: ray: " << e.what() << "\n";
     std::lock_guard lock(mu_);
-    if (c.kind == Command::Submit) report(nodes_[c.name], std::string("Ray refused the node's job: ") + e.what(), true);
+    if (c.kind == Command::Create) end(members_[c.name], std::string("Ray refused the node's job: ") + e.what(), true);
     return true;
   }
 }
@@ -203,7 +144,7 @@ void RayNodes::adopt() {
         std::lock_guard lock(mu_);
         counter_ = std::max(counter_, std::atoi(name.c_str() + 4) + 1);
         if (j.terminal()) continue;
-        Tracked& t = nodes_[name];
+        RayJobNode& t = members_[name];
         t.name = name;
         t.submitted = true;
         t.status = j.status;
@@ -212,7 +153,7 @@ void RayNodes::adopt() {
     } catch (const RayError& e) {
       std::cerr << "goodput: ray: cannot list this run's jobs yet: " << e.what() << "\n";
       std::unique_lock lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_; })) return;
+      if (cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_.load(); })) return;
     }
   }
 }
@@ -242,34 +183,34 @@ void RayNodes::poll() {
     std::lock_guard lock(mu_);
     cluster_ = cluster;
     const auto now = std::chrono::steady_clock::now();
-    for (auto& [name, t] : nodes_) {
+    for (auto& [name, t] : members_) {
       if (!t.submitted || t.ended) continue;
       const auto it = by_id.find(submission_id(name));
       if (it == by_id.end()) {
-        report(t, "Ray job " + submission_id(name) + " is gone from the cluster");
+        end(t, "Ray job " + submission_id(name) + " is gone from the cluster");
         continue;
       }
       const RayJob& j = *it->second;
-      if (!j.driver_node_id.empty()) t.ray_node = j.driver_node_id;
+      if (!j.driver_node_id.empty()) t.machine = j.driver_node_id;
       if (j.status == "PENDING" && t.status != "PENDING") t.pending_since = now;
-      if (j.status != t.status) changes_.push_back({"ray_job", name, j.status + " (" + j.submission_id + ")"});
+      if (j.status != t.status) status_changed("ray_job", name, j.status + " (" + j.submission_id + ")");
       t.status = j.status;
       const auto d = dead.find(j.driver_node_id);
       if (d != dead.end()) {
         const RayNode& n = *d->second;
-        report(t, "Ray node " + n.node_ip + " (" + n.node_id.substr(0, 12) + ") is DEAD: " + n.state_message);
-        if (!j.terminal()) queue_.push_back({Command::Stop, name, 0, -1});
+        end(t, "Ray node " + n.node_ip + " (" + n.node_id.substr(0, 12) + ") is DEAD: " + n.state_message);
+        if (!j.terminal()) queue({Command::Delete, name, 0, -1});
       } else if (j.status == "FAILED") {
         failed.push_back(name);
       } else if (j.status == "STOPPED") {
         // Not by this master (its own stops are not reported): a user's `ray job stop`.
-        report(t, "Ray job " + j.submission_id + " STOPPED by someone else: stopped by an operator (" + j.message + ")");
+        end(t, "Ray job " + j.submission_id + " STOPPED by someone else: stopped by an operator (" + j.message + ")");
       } else if (j.terminal()) {
-        report(t, "Ray job " + j.submission_id + " " + j.status + ": " + j.message);
+        end(t, "Ray job " + j.submission_id + " " + j.status + ": " + j.message);
       } else if (j.status == "PENDING" && now - t.pending_since > std::chrono::nanoseconds(o_.spec.pending_timeout)) {
-        report(t, "Ray job " + j.submission_id + " still PENDING after " + seconds(now - t.pending_since) +
+        end(t, "Ray job " + j.submission_id + " still PENDING after " + seconds(now - t.pending_since) +
                       ": no node has the resources it asks for");
-        queue_.push_back({Command::Stop, name, 0, -1});
+        queue({Command::Delete, name, 0, -1});
       }
     }
   }
@@ -288,26 +229,12 @@ void RayNodes::poll() {
     reason += ": " + tail(j.message, 1000);
     if (!logs.empty()) reason += "\nlog tail:\n" + tail(logs, 2000);
     std::lock_guard lock(mu_);
-    report(nodes_[name], std::move(reason));
+    end(members_[name], std::move(reason));
   }
   cv_.notify_all();
 }
 
-void RayNodes::loop() {
-  // Nothing may escape this thread (std::terminate would take the master down with it).
-  while (true) {
-    try {
-      work();
-      return;
-    } catch (const std::exception& e) {
-      std::cerr << "goodput: ray: unexpected error, carrying on: " << e.what() << "\n";
-      std::unique_lock lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_; })) return;
-    }
-  }
-}
-
-void RayNodes::work() {
+void RayNodes::on_start() {
   try {
     std::cerr << "goodput: ray: dashboard " << o_.spec.address << " runs Ray " << client_.ray_version() << "\n";
   } catch (const RayError& e) {
@@ -316,42 +243,6 @@ void RayNodes::work() {
   if (o_.adopt) {
     adopt();
     o_.adopt = false;
-  }
-  auto next_poll = std::chrono::steady_clock::now();
-  for (;;) {
-    std::optional<Command> c;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait_until(lock, next_poll, [&] { return quit_ || !queue_.empty(); });
-      if (quit_) return;
-      if (!queue_.empty()) {
-        c = queue_.front();
-        if (c->kind == Command::Submit && c->name.empty()) {
-          // Named when carried out, so names continue after any this run adopted.
-          c->name = queue_.front().name = "ray-" + std::to_string(counter_++);
-          Tracked& t = nodes_[c->name];
-          t.name = c->name;
-          t.memory_permille = c->memory_permille;
-          t.slot = c->slot;
-        }
-      }
-    }
-    if (c) {
-      const bool done = run_command(*c);
-      std::lock_guard lock(mu_);
-      if (done) queue_.pop_front();
-      cv_.notify_all();
-      if (!done) next_poll = std::min(next_poll, std::chrono::steady_clock::now() + std::chrono::seconds(1));
-      if (done) continue;
-    }
-    if (std::chrono::steady_clock::now() >= next_poll) {
-      poll();
-      next_poll = std::chrono::steady_clock::now() + std::chrono::nanoseconds(o_.spec.poll_interval);
-    } else if (c) {
-      // The dashboard refused a command for now: wait for the next poll before trying again.
-      std::unique_lock lock(mu_);
-      cv_.wait_until(lock, next_poll, [&] { return quit_; });
-    }
   }
 }
 

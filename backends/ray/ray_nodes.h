@@ -10,24 +10,26 @@
 // another alive node through the `node:<ip>` resource every Ray node has (the Jobs API has no
 // anti-affinity of its own).
 //
-// All HTTP runs on one worker thread, so a slow or failing dashboard never stalls the master's
-// loop; calls retry with backoff, and submits are idempotent by submission_id.
+// All HTTP runs on the worker thread of ClusterNodes, so a slow or failing dashboard never stalls
+// the master's loop; calls retry with backoff, and submits are idempotent by submission_id.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <map>
-#include <mutex>
-#include <set>
+#include <chrono>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "backends/live/cluster_nodes.h"
 #include "backends/live/job_spec.h"
-#include "backends/live/live_master.h"
 #include "backends/ray/ray_client.h"
 
 namespace goodput::ray {
+
+// One node of the job: its Ray job. `machine` is the Ray node (id) its driver runs on, once placed.
+struct RayJobNode : live::ClusterMember {
+  std::string name;
+  bool submitted = false;
+  std::chrono::steady_clock::time_point pending_since{};
+};
 
 struct RayNodesOptions {
   live::RayBackendSpec spec;
@@ -44,64 +46,33 @@ struct RayNodesOptions {
   bool adopt = false;
 };
 
-class RayNodes final : public live::NodeProvider {
+class RayNodes final : public live::ClusterNodes<RayJobNode> {
  public:
   explicit RayNodes(RayNodesOptions options);
   ~RayNodes() override;
 
   void launch(int32_t slot, int32_t memory_permille) override;
-  void terminate(const std::string& name) override;
-  std::vector<live::LostNode> lost() override;
-  void shut_down(int timeout_ms) override;
-  std::vector<StatusObserved> status_changes() override;
-  void exclude(const std::string& name) override;
-  void set_layout(const std::vector<live::ReplicaGroup>& groups) override;
 
   // The submission a node's name maps to (stable: a retried submit reuses it).
   std::string submission_id(const std::string& name) const;
 
  private:
-  struct Tracked {
-    std::string name;
-    int32_t memory_permille = 1000;
-    int32_t slot = -1;
-    bool submitted = false;
-    bool stopping = false;  // terminated by the master: its end is not a loss
-    bool ended = false;
-    std::string status;
-    std::string ray_node;  // the Ray node (id) its job's driver runs on, once placed
-    std::chrono::steady_clock::time_point pending_since{};
-  };
-  struct Command {
-    enum { Submit, Stop } kind;
-    std::string name;  // Stop: the node; Submit: named when it is carried out
-    int32_t memory_permille = 1000;
-    int32_t slot = -1;
-  };
-
-  void loop();
-  void work();
+  void on_start() override;  // the dashboard's version, and the run's jobs adopted
+  void prepare(Command& c) override;  // names a new node when its submission is carried out
+  bool carry_out(const Command& c) override;
+  std::chrono::steady_clock::duration idle_every() const override;
+  void on_idle() override { poll(); }
   void adopt();
-  bool run_command(const Command& c);  // false: the dashboard could not be reached; try again later
   void poll();
-  SubmitRequest request_for(const Tracked& t) const;
+  SubmitRequest request_for(const RayJobNode& t) const;
   std::string pinned_node_ip() const;  // with machines excluded: an alive node to pin a submission to
-  void report(Tracked& t, std::string reason, bool fatal = false);
+  void end(RayJobNode& t, std::string reason, bool fatal = false);  // its job is over: a loss unless stopped
 
   RayNodesOptions o_;
   RayClient client_;  // used only on the worker thread
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Command> queue_;
-  std::map<std::string, Tracked> nodes_;
-  std::vector<live::LostNode> lost_;
-  std::vector<StatusObserved> changes_;
-  std::vector<RayNode> cluster_;         // the State API's nodes, as of the last poll
-  std::set<std::string> excluded_;       // Ray node ids no new node may run on
+  std::vector<RayNode> cluster_;  // the State API's nodes, as of the last poll
   int counter_ = 0;
-  bool quit_ = false;
   bool dashboard_down_ = false;
-  std::thread worker_;
 };
 
 }  // namespace goodput::ray

@@ -1,0 +1,212 @@
+// What the node providers that place nodes through a cluster's API share (Kubernetes pods, Ray
+// jobs): the table of nodes they placed, a queue of API commands carried out on a worker thread of
+// their own (a command the API did not take is tried again a second later, so a slow or failing
+// API server never stalls the master), the losses and status changes the master collects, the
+// machines excluded after a hardware error, and the end of the job (wait for the nodes to leave,
+// then stop the rest). Each provider keeps only its API's specifics: how a command is carried out,
+// what it watches or polls, and what it reads as a loss.
+//
+// Member is the provider's record of one node; it has at least the fields of ClusterMember.
+// A derived class starts the worker (start_worker) at the end of its constructor and stops it
+// (stop_worker) first thing in its destructor: the worker calls its virtual functions.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backends/live/node_provider.h"
+
+namespace goodput::live {
+
+struct ClusterMember {
+  int32_t slot = -1;
+  int32_t memory_permille = 1000;
+  std::string machine;    // the cluster machine it runs on, once placed (a node name, a Ray node id)
+  std::string status;     // as last logged
+  bool stopping = false;  // terminated by the master: its end is not a loss
+  bool reported = false;  // its loss was reported (once)
+  bool ended = false;     // gone from the cluster, or finished
+};
+
+template <class Member>
+class ClusterNodes : public NodeProvider {
+ public:
+  void terminate(const std::string& name) final {
+    {
+      std::lock_guard lock(mu_);
+      const auto it = members_.find(name);
+      if (it == members_.end()) return;
+      it->second.stopping = true;
+      queue_.push_back({Command::Delete, name, 0, -1});
+    }
+    cv_.notify_all();
+  }
+  std::vector<LostNode> lost() final {
+    std::lock_guard lock(mu_);
+    return std::exchange(lost_, {});
+  }
+  std::vector<StatusObserved> status_changes() final {
+    std::lock_guard lock(mu_);
+    return std::exchange(changes_, {});
+  }
+  void set_layout(const std::vector<ReplicaGroup>& groups) final {
+    std::lock_guard lock(mu_);
+    groups_ = groups;
+  }
+  void exclude(const std::string& name) final {
+    std::lock_guard lock(mu_);
+    const auto it = members_.find(name);
+    if (it == members_.end() || it->second.machine.empty()) {
+      std::cerr << "goodput: " << names_.api << ": cannot keep later nodes off " << names_.member << " " << name
+                << "'s machine: the cluster never said where it ran\n";
+      return;
+    }
+    if (excluded_.insert(it->second.machine).second)
+      std::cerr << "goodput: " << names_.api << ": " << names_.machine << " " << it->second.machine << " excluded ("
+                << names_.member << " " << name << " diagnosed with a hardware error or a failed node check): later "
+                << names_.member << "s keep off it\n";
+  }
+  // Agents leave on their own once the master says the job is over; what is still there after
+  // timeout_ms is stopped (bounded: an API that is gone cannot be helped).
+  void shut_down(int timeout_ms) final {
+    std::unique_lock lock(mu_);
+    cv_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms), [&] {
+      for (const auto& [name, m] : members_)
+        if (!m.ended && !m.stopping) return false;
+      return true;
+    });
+    for (auto& [name, m] : members_)
+      if (!m.stopping && (delete_ended_at_end_ || !m.ended)) {
+        m.stopping = true;
+        queue_.push_back({Command::Delete, name, 0, -1});
+      }
+    cv_.notify_all();
+    cv_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(10), [&] { return queue_.empty(); });
+  }
+
+ protected:
+  struct Command {
+    enum Kind { Create, Delete, Relabel } kind;
+    std::string name;  // Create: may be empty until prepare() names it
+    int32_t memory_permille = 1000;
+    int32_t slot = -1;  // Create: the slot it is for; Relabel: its rank now
+  };
+
+  // What messages call things: the API ("kubernetes"), a machine ("node"), a member ("pod").
+  struct Names {
+    std::string api, machine, member;
+  };
+  // delete_ended_at_end: shut_down() deletes nodes that already ended too (a pod that completed
+  // still holds its object).
+  ClusterNodes(Names names, std::vector<ReplicaGroup> groups, bool delete_ended_at_end)
+      : groups_(std::move(groups)), names_(std::move(names)), delete_ended_at_end_(delete_ended_at_end) {}
+  ~ClusterNodes() override { stop_worker(); }
+
+  void start_worker() { worker_ = std::thread([this] { work(); }); }
+  void stop_worker() {
+    quit_ = true;
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  // ---- the provider's API, on the worker thread
+  virtual void on_start() {}  // first, before any command (an adoption of a resumed master's nodes)
+  // Under mu_, before the queue's first command is carried out: name it, record it (it stays first
+  // until it is done, so a retry keeps the name).
+  virtual void prepare(Command& c) { (void)c; }
+  // Carry it out; false: the API did not take it now, try again later.
+  virtual bool carry_out(const Command& c) = 0;
+  // Every idle_every() (and between commands once due), without mu_: a poll, a sweep for nodes
+  // pending too long.
+  virtual std::chrono::steady_clock::duration idle_every() const { return std::chrono::seconds(1); }
+  virtual void on_idle() {}
+
+  // ---- for the provider, under mu_
+  void queue(Command c) {
+    queue_.push_back(std::move(c));
+    cv_.notify_all();
+  }
+  // The node is lost, and why: told the master once, unless the master stopped it itself.
+  void report(const std::string& name, Member& m, std::string reason, bool fatal) {
+    if (m.reported || m.stopping) return;
+    m.reported = true;
+    lost_.push_back({name, std::move(reason), fatal});
+  }
+  void status_changed(const std::string& kind, const std::string& name, const std::string& status) {
+    changes_.push_back({kind, name, status});
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Member> members_;
+  std::vector<ReplicaGroup> groups_;  // as set_layout() last said
+  std::set<std::string> excluded_;    // machines the master found bad (hardware error, failed check): for good
+  std::atomic<bool> quit_{false};     // the provider is going away (its own threads watch it too)
+
+ private:
+  void work() {
+    // Nothing may escape this thread (std::terminate would take the master down with it).
+    for (bool started = false; !quit_;) {
+      try {
+        if (!started) on_start();
+        started = true;
+        run();
+      } catch (const std::exception& e) {
+        std::cerr << "goodput: " << names_.api << ": unexpected error, carrying on: " << e.what() << "\n";
+        std::unique_lock lock(mu_);
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_.load(); });
+      }
+    }
+  }
+  void run() {
+    auto next_idle = std::chrono::steady_clock::now();
+    while (!quit_) {
+      std::optional<Command> c;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait_until(lock, next_idle, [&] { return quit_ || !queue_.empty(); });
+        if (quit_) return;
+        if (!queue_.empty()) {
+          prepare(queue_.front());
+          c = queue_.front();
+        }
+      }
+      bool retry = false;
+      if (c) {
+        const bool done = carry_out(*c);
+        std::unique_lock lock(mu_);
+        if (done) queue_.pop_front();
+        cv_.notify_all();
+        retry = !done;
+      }
+      if (std::chrono::steady_clock::now() >= next_idle) {
+        on_idle();
+        next_idle = std::chrono::steady_clock::now() + idle_every();
+      }
+      if (retry) {  // the API refused the command for now: a second before trying again
+        std::unique_lock lock(mu_);
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_.load(); });
+      }
+    }
+  }
+
+  Names names_;
+  bool delete_ended_at_end_;
+  std::deque<Command> queue_;
+  std::vector<LostNode> lost_;
+  std::vector<StatusObserved> changes_;
+  std::thread worker_;
+};
+
+}  // namespace goodput::live
