@@ -42,15 +42,17 @@ import os
 import re
 import signal
 import ssl
-import subprocess
 import threading
 import time
 import urllib.parse
 import uuid
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402  (the emulators' shared server, processes and loops)
 
 
 def now_rfc3339():
@@ -101,7 +103,7 @@ class Cluster:
                                            "message": "kubelet is posting ready status",
                                            "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}],
                            "addresses": [{"type": "InternalIP", "address": f"10.0.1.{10 + i}"}]}})
-        threading.Thread(target=self.schedule_loop, daemon=True).start()
+        harness.every(0.1, self.schedule)
 
     # ---- the store -------------------------------------------------------------------------------
     def put(self, resource, kind, obj):
@@ -197,10 +199,7 @@ class Cluster:
     def kill(self, ns, name, sig=signal.SIGKILL):
         proc = self.procs.pop((ns, name), None)
         if proc:
-            try:
-                os.killpg(proc.pid, sig)
-            except OSError:
-                pass
+            harness.kill_group(proc, sig)
 
     def fits(self, pod, node, ignore_busy=False):
         spec = pod["spec"]
@@ -286,23 +285,19 @@ class Cluster:
         argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
                 for a in list(c.get("command", [])) + list(c.get("args", []))]
         env["POD_NAME"] = pod["metadata"]["name"]
-        workdir = os.path.join(self.state_dir, pod["metadata"]["name"])
-        os.makedirs(workdir, exist_ok=True)
-        log = open(os.path.join(workdir, "container.log"), "ab")
-        proc = subprocess.Popen(argv, cwd=workdir, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
         name = pod["metadata"]["name"]
-        self.procs[(ns, name)] = proc
+        workdir = os.path.join(self.state_dir, name)
+        with self.lock:  # re-entrant: its end is written only once it is known as this pod's process
+            proc = harness.spawn(argv, workdir, env, os.path.join(workdir, "container.log"),
+                                 lambda p, rc: self.exited(ns, name, p, rc))
+            self.procs[(ns, name)] = proc
         pod["status"].update({"phase": "Running", "startTime": now_rfc3339(), "podIP": pod["status"]["hostIP"]})
         pod["status"]["containerStatuses"] = [{"name": c["name"], "image": c.get("image", ""), "ready": True,
                                                "restartCount": 0, "started": True,
                                                "state": {"running": {"startedAt": now_rfc3339()}}}]
         self.put("pods", "MODIFIED", pod)
-        threading.Thread(target=self.wait, args=(ns, name, proc), daemon=True).start()
 
-    def wait(self, ns, name, proc):
-        rc = proc.wait()
+    def exited(self, ns, name, proc, rc):
         with self.lock:
             pod = self.pods.get((ns, name))
             if pod is None or self.procs.get((ns, name)) is not proc:
@@ -321,11 +316,6 @@ class Cluster:
         cs["ready"] = False
         pod["status"]["phase"] = phase
         self.put("pods", "MODIFIED", pod)
-
-    def schedule_loop(self):
-        while True:
-            time.sleep(0.1)
-            self.schedule()
 
     # ---- faults --------------------------------------------------------------------------------------
     def oom(self, ns, name):
@@ -355,27 +345,14 @@ class Cluster:
             return True
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Handler(harness.Handler):
     cluster = None
-
-    def log_message(self, fmt, *args):
-        pass
-
-    def reply(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def route(self, method):
         c = self.cluster
         url = urllib.parse.urlsplit(self.path)
         q = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self.body()
         body = None
         if raw:
             try:
@@ -578,18 +555,6 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, {"ok": True})
         return self.reply(404, {"error": "no such control"})
 
-    def do_GET(self):
-        self.route("GET")
-
-    def do_POST(self):
-        self.route("POST")
-
-    def do_DELETE(self):
-        self.route("DELETE")
-
-    def do_PATCH(self):
-        self.route("PATCH")
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -603,28 +568,20 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.state_dir, exist_ok=True)
     Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes)
-    server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
-    server.daemon_threads = True
-    scheme = "http"
+    ctx = None
     if a.tls_cert:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(a.tls_cert, a.tls_key)
         if a.client_ca:
             ctx.verify_mode = ssl.CERT_REQUIRED
             ctx.load_verify_locations(a.client_ca)
-        server.socket = ctx.wrap_socket(server.socket, server_side=True)
-        scheme = "https"
 
-    def stop(*_):
+    def stop():
         with Handler.cluster.lock:
             for (ns, name) in list(Handler.cluster.procs):
                 Handler.cluster.kill(ns, name)
-        os._exit(0)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    print(f"listening on {scheme}://127.0.0.1:{server.server_address[1]}", flush=True)
-    server.serve_forever()
+    harness.serve(Handler, a.port, stop, ctx)
 
 
 if __name__ == "__main__":

@@ -30,11 +30,13 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402  (the emulators' shared server, processes and loops)
 
 SUBMIT_FIELDS = {"entrypoint", "submission_id", "job_id", "runtime_env", "metadata", "entrypoint_num_cpus",
                  "entrypoint_num_gpus", "entrypoint_memory", "entrypoint_resources"}
@@ -79,7 +81,7 @@ class Cluster:
             self.nodes.append({"node_id": node_id, "node_ip": ip, "is_head_node": i == 0, "state": "ALIVE",
                                "state_message": None, "node_name": ip, "resources_total": total,
                                "labels": {"ray.io/node_id": node_id}, "start_time_ms": now_ms(), "end_time_ms": 0})
-        threading.Thread(target=self.schedule_loop, daemon=True).start()
+        harness.every(0.1, self.schedule)
 
     # ---- the Jobs API --------------------------------------------------------------------------
     def submit(self, body):
@@ -141,19 +143,9 @@ class Cluster:
             proc = job["proc"]
         if proc:
             # As Ray does: SIGTERM to the entrypoint's process group, SIGKILL if it lingers.
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except OSError:
-                pass
-            threading.Timer(3.0, self.kill_group, [proc]).start()
+            harness.kill_group(proc, signal.SIGTERM)
+            threading.Timer(3.0, harness.kill_group, [proc]).start()
         return True
-
-    @staticmethod
-    def kill_group(proc):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
 
     def finish(self, job, status, message, error_type=None):
         job["status"], job["message"], job["error_type"] = status, message, error_type
@@ -195,18 +187,14 @@ class Cluster:
         env["RAY_JOB_SUBMISSION_ID"] = job["submission_id"]
         workdir = os.path.join(self.state_dir, job["submission_id"])
         os.makedirs(workdir, exist_ok=True)
-        log = open(job["log"], "ab")
-        job["proc"] = subprocess.Popen(["/bin/bash", "-c", job["entrypoint"]], cwd=workdir, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        job["proc"] = harness.spawn(["/bin/bash", "-c", job["entrypoint"]], workdir, env, job["log"],
+                                    lambda proc, rc: self.exited(job, rc))
         job["node"] = node
         job["job_id"] = f"{self.job_counter:02x}000000"
         self.job_counter += 1
         job["status"], job["message"] = "RUNNING", "Job is currently running."
-        threading.Thread(target=self.wait, args=(job,), daemon=True).start()
 
-    def wait(self, job):
-        rc = job["proc"].wait()
+    def exited(self, job, rc):
         with self.lock:
             if job["status"] != "RUNNING":
                 return
@@ -217,11 +205,6 @@ class Cluster:
                 tail = self.logs(job)[-20000:]
                 self.finish(job, "FAILED", f"Job entrypoint command failed with exit code {rc}, last available logs "
                                            f"(truncated to 20,000 chars):\n{tail}", "JOB_ENTRYPOINT_COMMAND_ERROR")
-            self.schedule()
-
-    def schedule_loop(self):
-        while True:
-            time.sleep(0.1)
             self.schedule()
 
     # ---- faults ------------------------------------------------------------------------------------
@@ -236,7 +219,7 @@ class Cluster:
                 if job["node"] is node and job["status"] == "RUNNING":
                     self.finish(job, "FAILED", "Job supervisor actor died: the node it ran on is dead.",
                                 "JOB_SUPERVISOR_ACTOR_DIED")
-                    self.kill_group(job["proc"])
+                    harness.kill_group(job["proc"])
             return True
 
     def oom(self, sid):
@@ -246,7 +229,7 @@ class Cluster:
                 return False
             with open(job["log"], "a") as f:
                 f.write(OOM_LOG)
-            self.kill_group(job["proc"])  # wait() reports it FAILED with exit code -9 and the log tail
+            harness.kill_group(job["proc"])  # wait() reports it FAILED with exit code -9 and the log tail
             return True
 
     def take_fault(self, method, path):
@@ -258,34 +241,18 @@ class Cluster:
         return None
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Handler(harness.Handler):
     cluster = None
     required_header = None
-
-    def log_message(self, fmt, *args):
-        pass
-
-    def reply(self, status, body):
-        if isinstance(body, str):
-            data, ctype = body.encode(), "text/plain; charset=utf-8"
-        else:
-            data, ctype = json.dumps(body).encode(), "application/json"
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def drop(self):
         self.close_connection = True  # nothing written: the client sees the connection close
 
-    def handle_any(self, method):
+    def route(self, method):
         c = self.cluster
         url = urllib.parse.urlsplit(self.path)
         path, query = url.path, urllib.parse.parse_qs(url.query)
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length).decode(errors="replace") if length else ""
+        raw = self.body().decode(errors="replace")
         if path.startswith("/_emulator/"):
             return self.control(method, path, raw)
         try:
@@ -304,12 +271,12 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(500, "Internal Server Error: emulated dashboard failure")
         if mode == "drop":
             return self.drop()
-        status, out = self.route(method, path, query, body)
+        status, out = self.api(method, path, query, body)
         if mode == "drop-after":
             return self.drop()
         self.reply(status, out)
 
-    def route(self, method, path, query, body):
+    def api(self, method, path, query, body):
         c = self.cluster
         parts = [p for p in path.split("/") if p]
         if method == "GET" and path == "/api/version":
@@ -380,15 +347,6 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, {"ok": True})
         return self.reply(404, "Not Found")
 
-    def do_GET(self):
-        self.handle_any("GET")
-
-    def do_POST(self):
-        self.handle_any("POST")
-
-    def do_DELETE(self):
-        self.handle_any("DELETE")
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -404,20 +362,14 @@ def main():
     if a.require_header:
         name, _, value = a.require_header.partition(":")
         Handler.required_header = (name.strip(), value.strip())
-    server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
-    server.daemon_threads = True
 
-    def stop(*_):
+    def stop():
         with Handler.cluster.lock:
             for job in Handler.cluster.jobs.values():
                 if job["proc"] and job["proc"].poll() is None:
-                    Cluster.kill_group(job["proc"])
-        os._exit(0)
+                    harness.kill_group(job["proc"])
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
-    server.serve_forever()
+    harness.serve(Handler, a.port, stop)
 
 
 if __name__ == "__main__":
