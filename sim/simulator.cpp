@@ -1,3 +1,9 @@
+// Over 600 lines, on purpose: the simulator is one state machine. The virtual cluster's machines,
+// the job's trainers, the trace's faults and the master's decisions interlock on one event queue,
+// and its invariants (a detection only for a trainer still running, a machine in one slot at a
+// time, the breakdown checked after every event) hold across all of them; split into files, each
+// part would need the others' state. The trace, the Monte Carlo driver and the log replay are
+// files of their own (trace.cpp, montecarlo.cpp, from_log.cpp).
 #include "sim/simulator.h"
 
 #include <algorithm>

@@ -30,34 +30,8 @@ struct RegisterRequest {
   uint16_t rdzv_port = 0;   // a free port it offers for the rendezvous store
 };
 
-// The trainer's whole status, as one heartbeat carries it. Ages are the agent's (how long ago).
-struct TrainerReport {
-  int32_t restart = -1;
-  std::string phase;
-  int64_t pid = 0;
-  int64_t step = 0;
-  int64_t progress_age_ms = 0;
-  bool stopped = false;
-  bool done = false;
-  std::optional<double> loss;
-  double work_median_s = -1;
-  double work_mad_s = -1;
-  int64_t saves = 0;
-  int64_t save_blocking_ns = 0;
-  int64_t saved_step = -1;
-  std::vector<int64_t> storage_steps;
-  std::optional<CheckpointLoaded> loaded;
-  struct Exit {
-    int32_t code = 0;
-    int32_t signal = 0;
-    std::string reason;
-    bool done = false;
-    int64_t age_ms = 0;
-  };
-  std::optional<Exit> exit;
-};
-
 // POST /v1/heartbeat (and /v1/exit, with `leaving`).
+// (TrainerReport, the trainer's part, is in world.h, next to the Trainer it updates.)
 struct AgentReport {
   NodeId node = -1;
   std::string host;

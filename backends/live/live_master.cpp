@@ -201,11 +201,7 @@ json LiveMaster::register_node(const RegisterRequest& req) {
   if (req.slot >= 0 && req.slot < world_.slot_count() && world_.groups().size() > 1)
     n.kind = world_.group_of(static_cast<int32_t>(req.slot)).type;
   const NodeId id = n.id;
-  std::optional<int32_t> slot;
-  if (req.slot >= 0 && req.slot < world_.size() && world_.at(static_cast<int32_t>(req.slot)) < 0)
-    slot = static_cast<int32_t>(req.slot);
-  for (int32_t s = 0; s < world_.size() && !slot; ++s)
-    if (world_.at(s) < 0 && world_.fits(n, s)) slot = s;
+  const std::optional<int32_t> slot = world_.slot_for(n, req.slot);
   world_.nodes()[id] = std::move(n);
   const std::string kind = world_.node(id)->kind;
   observe(NodeJoined{id, slot.value_or(-1), req.name, kind});  // the fold records the slot
@@ -301,40 +297,12 @@ json LiveMaster::heartbeat(const AgentReport& r) {
     advance();
     return json{{"action", "exit"}};
   }
-  if (r.trainer) apply(n->trainer, *r.trainer, now);
+  if (r.trainer) n->trainer.apply(*r.trainer, now);
   advance();
   if (rdzv_port_ == 0) rdzv_port_ = pick_port();  // a resumed master: the old one's port died with it
   json out = assignment(*n);
   n->inject.clear();
   return out;
-}
-
-void LiveMaster::apply(Trainer& tr, const TrainerReport& t, Time now) {
-  if (t.restart != tr.restart) tr = Trainer{};
-  tr.restart = t.restart;
-  tr.phase = t.phase;
-  tr.pid = t.pid;
-  tr.step = t.step;
-  tr.last_progress = now - t.progress_age_ms * kMillisecond;
-  tr.stopped = t.stopped;
-  tr.done = t.done;
-  tr.loss = t.loss;
-  tr.work_median_s = t.work_median_s;
-  tr.work_mad_s = t.work_mad_s;
-  tr.saves = t.saves;
-  tr.save_blocking_ns = t.save_blocking_ns;
-  tr.saved_step = t.saved_step;
-  tr.storage_steps = t.storage_steps;
-  if (t.loaded) tr.loaded = t.loaded;
-  if (t.exit) {
-    if (!tr.exited) tr.exited_at = now - t.exit->age_ms * kMillisecond;
-    tr.exited = true;
-    tr.done = tr.done || t.exit->done;
-    tr.exit_code = t.exit->code;
-    tr.exit_signal = t.exit->signal;
-    tr.exit_reason = t.exit->reason;
-    tr.phase = "exited";
-  }
 }
 
 json LiveMaster::next_shard(NodeId node, int32_t restart, int64_t request) {
@@ -612,13 +580,6 @@ void LiveMaster::act_on_checks() {
       observe(SlowdownObserved{v->node, v->slowdown_permille});
     }
   }
-}
-
-int64_t LiveMaster::newest_step() const {
-  int64_t step = 0;
-  for (const auto& [id, n] : world_.nodes())
-    if (!n.gone) step = std::max(step, n.trainer.step);
-  return step;
 }
 
 }  // namespace goodput::live

@@ -96,7 +96,7 @@ class LiveMaster final : public Backend, public EventSink {
   const NodeChecks& checks() const { return checks_; }
   const RestartJob& restart() const { return restart_; }
   const SqliteStore& store() const { return store_; }
-  int64_t newest_step() const;  // highest step any trainer reported
+  int64_t newest_step() const { return world_.newest_step(); }  // highest step any trainer reported
   Time now() const { return clock_.now(); }
   struct Refusals {
     int64_t token = 0;        // missing or wrong bearer token
@@ -114,7 +114,6 @@ class LiveMaster final : public Backend, public EventSink {
  private:
   nlohmann::json assignment(const Node& n) const;  // what a node should be doing now
   nlohmann::json run_order(const Node& n) const;   // the "run" assignment: rank, restart, program
-  void apply(Trainer& t, const TrainerReport& r, Time now);  // a heartbeat's trainer report
   void observe(EventPayload p);
   // Turn agreement across the world into observations (agreement.h), until nothing more follows.
   void advance();

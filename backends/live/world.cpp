@@ -10,6 +10,35 @@ World::World(std::vector<ReplicaGroup> groups, int32_t slots)
       slot_memory_(static_cast<size_t>(slots), 1000),
       size_(slots) {}
 
+void Trainer::apply(const TrainerReport& t, Time now) {
+  Trainer& tr = *this;
+  if (t.restart != tr.restart) tr = Trainer{};
+  tr.restart = t.restart;
+  tr.phase = t.phase;
+  tr.pid = t.pid;
+  tr.step = t.step;
+  tr.last_progress = now - t.progress_age_ms * kMillisecond;
+  tr.stopped = t.stopped;
+  tr.done = t.done;
+  tr.loss = t.loss;
+  tr.work_median_s = t.work_median_s;
+  tr.work_mad_s = t.work_mad_s;
+  tr.saves = t.saves;
+  tr.save_blocking_ns = t.save_blocking_ns;
+  tr.saved_step = t.saved_step;
+  tr.storage_steps = t.storage_steps;
+  if (t.loaded) tr.loaded = t.loaded;
+  if (t.exit) {
+    if (!tr.exited) tr.exited_at = now - t.exit->age_ms * kMillisecond;
+    tr.exited = true;
+    tr.done = tr.done || t.exit->done;
+    tr.exit_code = t.exit->code;
+    tr.exit_signal = t.exit->signal;
+    tr.exit_reason = t.exit->reason;
+    tr.phase = "exited";
+  }
+}
+
 Node& World::join(const NodeJoined& p) {
   Node& n = nodes_[p.node];
   n.id = p.node;
@@ -153,6 +182,20 @@ std::optional<int32_t> World::first_vacant() const {
   const auto it = std::find(slots_.begin(), slots_.end(), NodeId{-1});
   if (it == slots_.end()) return std::nullopt;
   return static_cast<int32_t>(it - slots_.begin());
+}
+
+std::optional<int32_t> World::slot_for(const Node& n, int64_t wanted) const {
+  if (wanted >= 0 && wanted < size_ && slots_[static_cast<size_t>(wanted)] < 0) return static_cast<int32_t>(wanted);
+  for (int32_t s = 0; s < size_; ++s)
+    if (slots_[s] < 0 && fits(n, s)) return s;
+  return std::nullopt;
+}
+
+int64_t World::newest_step() const {
+  int64_t step = 0;
+  for (const auto& [id, n] : nodes_)
+    if (!n.gone) step = std::max(step, n.trainer.step);
+  return step;
 }
 
 bool World::fits(const Node& n, int32_t slot) const { return n.kind.empty() || group_of(slot).type == n.kind; }

@@ -22,6 +22,33 @@
 
 namespace goodput::live {
 
+// The trainer's whole status, as one heartbeat carries it. Ages are the agent's (how long ago).
+struct TrainerReport {
+  int32_t restart = -1;
+  std::string phase;
+  int64_t pid = 0;
+  int64_t step = 0;
+  int64_t progress_age_ms = 0;
+  bool stopped = false;
+  bool done = false;
+  std::optional<double> loss;
+  double work_median_s = -1;
+  double work_mad_s = -1;
+  int64_t saves = 0;
+  int64_t save_blocking_ns = 0;
+  int64_t saved_step = -1;
+  std::vector<int64_t> storage_steps;
+  std::optional<CheckpointLoaded> loaded;
+  struct Exit {
+    int32_t code = 0;
+    int32_t signal = 0;
+    std::string reason;
+    bool done = false;
+    int64_t age_ms = 0;
+  };
+  std::optional<Exit> exit;
+};
+
 // A node's trainer process, as its agent last reported it.
 struct Trainer {
   int32_t restart = -1;
@@ -44,6 +71,8 @@ struct Trainer {
   int32_t exit_signal = 0;
   std::string exit_reason;
   Time exited_at = 0;
+  // Takes a heartbeat's report, received at `now` (a report of another restart starts afresh).
+  void apply(const TrainerReport& r, Time now);
 };
 
 struct Node {
@@ -97,6 +126,10 @@ class World {
   bool every_slot_held() const;  // no slot of the layout is vacant (a shrunk world may miss some)
   std::optional<int32_t> first_vacant() const;  // the lowest slot no node holds
   bool fits(const Node& n, int32_t slot) const;  // n may take slot (it is of the slot's replica type)
+  // The slot a joining node takes: `wanted` (the one it was launched for) if still vacant, else the
+  // first vacant one of its type; none: it joins as a spare.
+  std::optional<int32_t> slot_for(const Node& n, int64_t wanted) const;
+  int64_t newest_step() const;  // the highest step any trainer of the job reported
   // A vacant slot reported as waiting for a machine (NoSpareNode): true the first time for a slot.
   bool mark_waiting(int32_t slot) { return waiting_slots_.insert(slot).second; }
 
