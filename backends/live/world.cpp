@@ -11,31 +11,19 @@ World::World(std::vector<ReplicaGroup> groups, int32_t slots)
       size_(slots) {}
 
 void Trainer::apply(const TrainerReport& t, Time now) {
-  Trainer& tr = *this;
-  if (t.restart != tr.restart) tr = Trainer{};
-  tr.restart = t.restart;
-  tr.phase = t.phase;
-  tr.pid = t.pid;
-  tr.step = t.step;
-  tr.last_progress = now - t.progress_age_ms * kMillisecond;
-  tr.stopped = t.stopped;
-  tr.done = t.done;
-  tr.loss = t.loss;
-  tr.work_median_s = t.work_median_s;
-  tr.work_mad_s = t.work_mad_s;
-  tr.saves = t.saves;
-  tr.save_blocking_ns = t.save_blocking_ns;
-  tr.saved_step = t.saved_step;
-  tr.storage_steps = t.storage_steps;
-  if (t.loaded) tr.loaded = t.loaded;
+  if (t.restart != restart) *this = Trainer{};
+  std::optional<CheckpointLoaded> was_loaded = std::move(loaded);
+  static_cast<TrainerReport&>(*this) = t;
+  if (!loaded) loaded = std::move(was_loaded);  // said once per restart
+  last_progress = now - t.progress_age_ms * kMillisecond;
   if (t.exit) {
-    if (!tr.exited) tr.exited_at = now - t.exit->age_ms * kMillisecond;
-    tr.exited = true;
-    tr.done = tr.done || t.exit->done;
-    tr.exit_code = t.exit->code;
-    tr.exit_signal = t.exit->signal;
-    tr.exit_reason = t.exit->reason;
-    tr.phase = "exited";
+    if (!exited) exited_at = now - t.exit->age_ms * kMillisecond;
+    exited = true;
+    done = done || t.exit->done;
+    exit_code = t.exit->code;
+    exit_signal = t.exit->signal;
+    exit_reason = t.exit->reason;
+    phase = "exited";
   }
 }
 

@@ -25,14 +25,14 @@ namespace goodput::live {
 // The trainer's whole status, as one heartbeat carries it. Ages are the agent's (how long ago).
 struct TrainerReport {
   int32_t restart = -1;
-  std::string phase;
+  std::string phase = "none";  // none, starting, rendezvous, loaded, training, exited
   int64_t pid = 0;
   int64_t step = 0;
   int64_t progress_age_ms = 0;
-  bool stopped = false;
-  bool done = false;
+  bool stopped = false;  // the process is stopped (SIGSTOP), alive but not running
+  bool done = false;     // it reported its last step
   std::optional<double> loss;
-  double work_median_s = -1;
+  double work_median_s = -1;  // CPU work per step: median and MAD over the agent's window
   double work_mad_s = -1;
   int64_t saves = 0;
   int64_t save_blocking_ns = 0;
@@ -49,24 +49,11 @@ struct TrainerReport {
   std::optional<Exit> exit;
 };
 
-// A node's trainer process, as its agent last reported it.
-struct Trainer {
-  int32_t restart = -1;
-  std::string phase = "none";  // none, starting, rendezvous, loaded, training, exited
-  int64_t pid = 0;
-  int64_t step = 0;
+// A node's trainer process, as its agent last reported it: the newest report, with its ages turned
+// into the master's times, and how it exited (kept once seen, for the rest of its restart).
+struct Trainer : TrainerReport {
   Time last_progress = 0;
-  bool stopped = false;  // the process is stopped (SIGSTOP), alive but not running
-  std::optional<double> loss;
-  double work_median_s = -1;  // CPU work per step: median and MAD over the agent's window
-  double work_mad_s = -1;
-  int64_t saves = 0;
-  int64_t save_blocking_ns = 0;
-  int64_t saved_step = -1;
-  std::optional<CheckpointLoaded> loaded;
-  std::vector<int64_t> storage_steps;
   bool exited = false;
-  bool done = false;
   int32_t exit_code = 0;
   int32_t exit_signal = 0;
   std::string exit_reason;
