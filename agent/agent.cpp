@@ -21,7 +21,7 @@
 #include "agent/checkpoint_host.h"
 #include "agent/node_check.h"
 #include "agent/program.h"
-#include "agent/trainer.h"
+#include "agent/trainer_group.h"
 #include "net/http.h"
 
 extern char** environ;
@@ -139,14 +139,12 @@ class Agent {
   }
 
   json status() {
-    json t = trainer_.report();
-    t["storage_steps"] = checkpoints_.storage_steps();
-    json out{{"node", node_}, {"trainer", t}};
+    json out{{"node", node_}, {"trainer", trainer_.report()}};
     if (check_.valid() && check_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) check_result_ = check_.get();
     if (check_result_) out["check"] = *check_result_;
     if (probe_server_) out["check_port"] = probe_server_->port();
     out["rdzv_port"] = rdzv_port_;
-    if (const std::string e = checkpoints_.error(); !e.empty()) out["persist_error"] = e.substr(0, 1000);
+    if (const std::string e = trainer_.persist_error(); !e.empty()) out["persist_error"] = e.substr(0, 1000);
     if (!o_.host.empty()) out["host"] = o_.host;  // a master resumed from its log learns it again
     return out;
   }
@@ -228,32 +226,33 @@ class Agent {
 
   void inject(const std::string& fault) {
     log(o_.name, "injecting " + fault);
-    if (fault == "kill-node") {  // the whole node: its trainer's process group, and this agent
+    if (fault == "kill-node") {  // the whole node: its trainers' process groups, and this agent
       trainer_.kill_group();
       ::kill(::getpid(), SIGKILL);
     }
     trainer_.inject(fault);
   }
 
-  // The master's "run" answer: the trainer of a restart, with torchrun's environment and Goodput's.
+  // The master's "run" answer: the trainers of a restart, with torchrun's environment and Goodput's.
   void start_trainer(const json& a) {
-    struct {
-      int32_t restart, rank, world;
-    } t{a.value("restart", 0), a.value("rank", 0), a.value("world_size", 1)};
+    TrainerGroup::Launch l;
+    l.restart = a.value("restart", 0);
+    l.node_rank = a.value("rank", 0);
+    l.nodes = a.value("world_size", 1);
+    l.nproc = std::clamp(a.value("nproc", 1), 1, 1024);
+    l.rank_base = a.value("rank_base", l.node_rank);
+    l.world = a.value("process_world_size", l.nodes);
+    l.role = a.value("role", std::string("default"));
+    l.role_rank_base = a.value("role_rank_base", l.rank_base);
+    l.role_world = a.value("role_world_size", l.world);
     const std::string job = a.value("job", std::string("job"));
-    const TrainerProcess::Files files = trainer_.prepare(t.restart);
     const std::string run_id = a.value("run_id", std::string("0"));
     const std::string shm_prefix = "/goodput-" + job + "-" + run_id + "-" + o_.name;
     const std::string storage = a.value("storage_dir", std::string());
-    ckpt::Options co;
-    co.job = job;
-    co.rank = t.rank;
-    co.world_size = t.world;
-    co.storage_dir = storage;
-    co.shm_prefix = shm_prefix;
-    checkpoints_.configure(co);
-    // The job's checkpoint size: allocate its shared memory now, while the trainer starts up.
-    if (const int64_t bytes = a.value("checkpoint_bytes", int64_t{0}); bytes > 0) checkpoints_.reserve(static_cast<uint64_t>(bytes));
+    l.checkpoint.job = job;
+    l.checkpoint.storage_dir = storage;
+    l.checkpoint.shm_prefix = shm_prefix;
+    l.checkpoint_bytes = static_cast<uint64_t>(std::max<int64_t>(a.value("checkpoint_bytes", int64_t{0}), 0));
 
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.emplace_back(*e);
@@ -263,28 +262,20 @@ class Agent {
     };
     if (a.contains("env"))
       for (const auto& [k, v] : a["env"].items()) set(k, v.get<std::string>());
-    const std::string rank = std::to_string(t.rank), world = std::to_string(t.world);
-    set("RANK", rank);
-    set("GROUP_RANK", rank);
-    set("ROLE_RANK", rank);
-    set("LOCAL_RANK", "0");
-    set("WORLD_SIZE", world);
-    set("ROLE_WORLD_SIZE", world);
-    set("LOCAL_WORLD_SIZE", "1");
+    // The per-process part of torchrun's environment (RANK, LOCAL_RANK, ...) is the group's.
     set("MASTER_ADDR", a.value("master_addr", std::string("127.0.0.1")));
     const uint16_t master_port = a.value("master_port", uint16_t{29500});
     set("MASTER_PORT", std::to_string(master_port));
     if (master_port == rdzv_port_) rdzv_port_ = free_tcp_port();  // taken now: offer another for the next restart
-    set("TORCHELASTIC_RESTART_COUNT", std::to_string(t.restart));
-    set("TORCHELASTIC_MAX_RESTARTS", "1000000");
+    set("TORCHELASTIC_RESTART_COUNT", std::to_string(l.restart));
+    // The recovery policy bounds restarts; a job may say what its trainers are told.
+    if (!a.contains("env") || !a["env"].contains("TORCHELASTIC_MAX_RESTARTS")) set("TORCHELASTIC_MAX_RESTARTS", "1000000");
     set("TORCHELASTIC_RUN_ID", job + "-" + run_id);
-    set("TORCHELASTIC_ERROR_FILE", files.error);
     set("GOODPUT_MASTER", o_.master_url);
     set("GOODPUT_NODE", std::to_string(node_));
     set("GOODPUT_NODE_NAME", o_.name);
     set("GOODPUT_JOB", job);
-    set("GOODPUT_RESTART", std::to_string(t.restart));
-    set("GOODPUT_PROGRESS_FILE", files.progress);
+    set("GOODPUT_RESTART", std::to_string(l.restart));
     set("GOODPUT_STORAGE_DIR", storage);
     set("GOODPUT_SHM_PREFIX", shm_prefix);
     set("GOODPUT_RESTORE_STEP", std::to_string(a.value("restore_step", 0)));
@@ -292,18 +283,18 @@ class Agent {
     set("GOODPUT_CHECKPOINT_EVERY", std::to_string(a.value("checkpoint_every_steps", 0)));
     set("GOODPUT_PERSIST_EVERY", std::to_string(a.value("persist_every", 0)));
     set("GOODPUT_TOTAL_STEPS", std::to_string(a.value("total_steps", 0)));
-    const int64_t limit_mb = a.value("memory_limit_mb", int64_t{0}) * o_.memory_permille / 1000;
-    if (trainer_.start(t.restart, t.rank, t.world, files, a.value("command", std::vector<std::string>{}), std::move(env),
-                       limit_mb))
-      exit_reported_ = false;
+    l.limit_mb = a.value("memory_limit_mb", int64_t{0}) * o_.memory_permille / 1000;
+    l.plain = a.value("plain", false);
+    l.argv = a.value("command", std::vector<std::string>{});
+    l.env = std::move(env);
+    if (trainer_.start(l)) exit_reported_ = false;
   }
 
   // Stops the trainer, lets a running persist finish, and frees this node's host memory: nobody
   // restores from it once its agent is gone.
   int leave(int rc) {
     trainer_.leave();
-    checkpoints_.drain();
-    checkpoints_.remove_memory();
+    trainer_.drain_and_free();
     log(o_.name, "leaving");
     return rc;
   }
@@ -312,8 +303,7 @@ class Agent {
   net::Url url_;
   int32_t node_ = -1;
   std::chrono::milliseconds interval_{250};
-  CheckpointHost checkpoints_;
-  TrainerProcess trainer_{o_.name, o_.work_dir, [this] { checkpoints_.request(); }};
+  TrainerGroup trainer_{o_.name, o_.work_dir};
   bool exit_reported_ = false;
   Steady::time_point last_contact_ = Steady::now();
   std::unique_ptr<LinkProbeServer> probe_server_;

@@ -94,18 +94,22 @@ int64_t vm_size_bytes(pid_t pid) {
 
 }  // namespace
 
-TrainerProcess::TrainerProcess(std::string node_name, std::string work_dir, std::function<void()> persist_wanted)
-    : name_(std::move(node_name)), work_dir_(std::move(work_dir)), persist_wanted_(std::move(persist_wanted)) {}
+TrainerProcess::TrainerProcess(std::string node_name, std::string work_dir, std::string file_tag,
+                               std::function<void()> persist_wanted)
+    : name_(std::move(node_name)),
+      work_dir_(std::move(work_dir)),
+      file_tag_(std::move(file_tag)),
+      persist_wanted_(std::move(persist_wanted)) {}
 
 TrainerProcess::Files TrainerProcess::prepare(int32_t restart) const {
-  const std::string tag = work_dir_ + "/r" + std::to_string(restart);
+  const std::string tag = work_dir_ + "/r" + std::to_string(restart) + file_tag_;
   Files f{tag + "-progress.jsonl", tag + "-stdout.log", tag + "-stderr.log", tag + "-error.json"};
   for (const auto& p : {f.progress, f.error}) ::unlink(p.c_str());
   return f;
 }
 
 bool TrainerProcess::start(int32_t restart, int32_t rank, int32_t world, const Files& files, std::vector<std::string> argv,
-                           std::vector<std::string> env, int64_t limit_mb) {
+                           std::vector<std::string> env, int64_t limit_mb, bool plain) {
   if (argv.empty()) {
     log(name_, "the master sent no command");
     return false;
@@ -147,6 +151,11 @@ bool TrainerProcess::start(int32_t restart, int32_t rank, int32_t world, const F
   t.pid = pid;
   t.phase = "launched";  // "starting" once the trainer's first report arrives
   t.last_progress = Steady::now();
+  if (plain) {  // nothing will say more: it is training from the start, from its own checkpoints
+    t.plain = true;
+    t.phase = "training";
+    t.loaded = json{{"step", 0}, {"tier", "none"}, {"ns", 0}};
+  }
   t_ = std::move(t);
   log(name_, "started trainer pid " + std::to_string(pid) + " (restart " + std::to_string(restart) + ", rank " +
                  std::to_string(rank) + "/" + std::to_string(world) + ")");
@@ -209,6 +218,7 @@ bool TrainerProcess::reap() {
   read_progress();
   t_.exited = true;
   t_.exited_at = Steady::now();
+  if (t_.plain && WIFEXITED(st) && WEXITSTATUS(st) == 0) t_.done = true;  // torchrun's judgement: exit 0 is success
   t_.phase = "exited";
   if (WIFSIGNALED(st)) {
     t_.signal = WTERMSIG(st);
@@ -301,6 +311,12 @@ void TrainerProcess::kill_group() {
   if (running()) ::kill(-t_.pid, SIGKILL);
 }
 
+void TrainerProcess::terminate() {
+  if (!running()) return;
+  ::kill(-t_.pid, SIGTERM);
+  ::kill(-t_.pid, SIGCONT);  // a stopped process acts on it too
+}
+
 void TrainerProcess::inject(const std::string& fault) {
   if (!running()) return;
   if (fault == "kill-process") {
@@ -318,8 +334,10 @@ void TrainerProcess::inject(const std::string& fault) {
 }
 
 nlohmann::json TrainerProcess::report() const {
-nlohmann::json t{{"restart", t_.restart}, {"phase", t_.phase}, {"pid", t_.pid}, {"step", t_.step},
-                   {"progress_age_ms", ms_since(t_.last_progress)}, {"saves", t_.saves},
+  // A plain trainer is alive or not: silence is no sign of a hang.
+  const int64_t age = t_.plain && running() ? 0 : ms_since(t_.last_progress);
+  nlohmann::json t{{"restart", t_.restart}, {"phase", t_.phase}, {"pid", t_.pid}, {"step", t_.step},
+                   {"progress_age_ms", age}, {"saves", t_.saves},
                    {"save_blocking_ns", t_.save_blocking_ns}, {"saved_step", t_.saved_step}, {"done", t_.done}};
   if (running()) t["stopped"] = process_stopped(t_.pid);
   if (t_.loaded) t["loaded"] = *t_.loaded;

@@ -1,4 +1,4 @@
-// Trainer supervision on a node: one trainer process, started with the environment the agent built
+// Trainer supervision on a node: one trainer process (trainer_group.h runs one per local rank), started with the environment the agent built
 // (in its own process group, killed with the agent, under a memory limit), watched through its
 // progress file (phases, steps, saves, CPU work per step), reaped with its exit status and the
 // reason its error file or stderr gives, stopped (its stacks dumped first when it hung), and the
@@ -22,7 +22,8 @@ namespace goodput::agent {
 class TrainerProcess {
  public:
   // persist_wanted: called when the trainer asks for a persist, and when it exits (persist on failure).
-  TrainerProcess(std::string node_name, std::string work_dir, std::function<void()> persist_wanted);
+  // file_tag: added to its files' names, to tell a node's processes apart ("-l1"; "" for one process).
+  TrainerProcess(std::string node_name, std::string work_dir, std::string file_tag, std::function<void()> persist_wanted);
 
   struct Files {
     std::string progress, log, err, error;  // progress reports, stdout, stderr, torchelastic error file
@@ -30,8 +31,10 @@ class TrainerProcess {
   // The files of a restart's trainer, the old progress and error files removed.
   Files prepare(int32_t restart) const;
   // Starts argv with env (the previous trainer must be stopped). False: it could not be (logged).
+  // plain: a trainer that reports nothing (an unmodified torchrun script): it counts as training
+  // while it runs (never hung by silence) and as done when it exits with code 0, as torchrun judges it.
   bool start(int32_t restart, int32_t rank, int32_t world, const Files& files, std::vector<std::string> argv,
-             std::vector<std::string> env, int64_t limit_mb);
+             std::vector<std::string> env, int64_t limit_mb, bool plain = false);
   // Stops it for good (SIGKILL to its process group); dump: its stacks first, to diagnose a hang.
   void stop(bool dump = false);
   // The agent is leaving: SIGTERM, up to 2 s to exit, then stop().
@@ -40,12 +43,15 @@ class TrainerProcess {
   bool read_progress();  // true when it reported something the master should hear now
   void inject(const std::string& fault);  // kill-process, hang, oom or dump-stacks
   void kill_group();     // SIGKILL to its process group at once (kill-node)
+  void terminate();      // SIGTERM to its process group (a sibling failed); reap() sees it go
 
   // The heartbeat's "trainer" object: restart, phase, pid, step, progress age, saves, done, what it
   // loaded, loss, the work window's median and MAD, and how it exited.
   nlohmann::json report() const;
   int32_t restart() const { return t_.restart; }
   bool exited() const { return t_.exited; }
+  // Exited, and not because its work was done: a failure of the node.
+  bool failed() const { return t_.exited && !(t_.code == 0 && t_.done); }
   bool running() const { return t_.pid > 0 && !t_.exited; }
 
  private:
@@ -64,6 +70,7 @@ class TrainerProcess {
     std::optional<double> loss;
     std::vector<double> work;  // CPU seconds per step, the last kWorkWindow steps
     bool exited = false, done = false;
+    bool plain = false;  // it reports no progress: judged by its process alone
     int32_t code = 0, signal = 0;
     std::string reason;
     Steady::time_point exited_at;
@@ -75,6 +82,7 @@ class TrainerProcess {
 
   std::string name_;
   std::string work_dir_;
+  std::string file_tag_;
   std::function<void()> persist_wanted_;
   State t_;
 };

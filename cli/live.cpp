@@ -66,6 +66,7 @@ void write_private(const std::string& path, const std::string& text) {
 struct Fault {
   std::string fault;
   int32_t slot = 0;
+  int32_t local_rank = 0;
   int64_t at_step = -1;
   Duration after = -1;
   bool done = false;
@@ -90,6 +91,7 @@ std::vector<Fault> load_faults(const std::string& path) {
       if (f.fault != "kill-process" && f.fault != "kill-node" && f.fault != "hang" && f.fault != "oom")
         r.fail("fault", "must be kill-process, kill-node, hang or oom");
       f.slot = static_cast<int32_t>(r.integer("slot", 0, 0, 4095));
+      f.local_rank = static_cast<int32_t>(r.integer("local_rank", 0, 0, 1023));  // which process of the node
       f.at_step = r.integer("at_step", -1, 1, INT64_MAX / 2);
       f.after = r.duration("after", -1);
       if ((f.at_step >= 0) == (f.after >= 0)) r.fail("at_step", "give exactly one of at_step and after");
@@ -112,18 +114,8 @@ bool log_holds_a_job(const std::string& path) {
   }
 }
 
-struct ServeOptions {
-  std::string spec_path;
-  std::string run_dir;
-  std::string listen = "127.0.0.1";
-  uint16_t port = 0;
-  bool resume = false;
-  bool local = true;  // run: start agents here; master: wait for agents from elsewhere
-  std::string faults_path;
-  bool quiet = false;
-  net::TlsFiles tls;  // both set: the API is HTTPS only
-  std::string read_access = "auto";
-};
+
+}  // namespace
 
 int serve(ServeOptions o) {
   if (o.tls.cert_file.empty() != o.tls.key_file.empty())
@@ -274,8 +266,10 @@ int serve(ServeOptions o) {
   api_ptr = &api;
   std::cerr << "goodput: " << (master.resumed() ? "resumed" : "started") << " job " << spec.job << ": master at "
             << url << ", log " << db << "\n";
-  if (!o.local) std::cerr << "goodput: start agents with: GOODPUT_TOKEN=$(cat " << (run_dir / "token").string()
-                          << ") goodput agent --master " << url << " --name NAME\n";
+  if (!o.local && !o.on_listening)
+    std::cerr << "goodput: start agents with: GOODPUT_TOKEN=$(cat " << (run_dir / "token").string()
+              << ") goodput agent --master " << url << " --name NAME\n";
+  if (o.on_listening) o.on_listening(url, token);
 
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   bool interrupted = false;
@@ -308,7 +302,7 @@ int serve(ServeOptions o) {
       if (!due) continue;
       f.done = true;
       try {
-        master.inject(f.fault, f.slot);
+        master.inject(f.fault, f.slot, f.local_rank);
         std::cerr << "goodput: injected " << f.fault << " into slot " << f.slot << " at step " << master.newest_step() << "\n";
       } catch (const std::exception& e) {
         std::cerr << "goodput: could not inject " << f.fault << ": " << e.what() << "\n";
@@ -368,8 +362,6 @@ int serve(ServeOptions o) {
   const std::string reason = master.state().finish_reason();
   return reason == "completed" ? 0 : 1;
 }
-
-}  // namespace
 
 // What `run` and `master` share: the job, where its files go, the port, resuming, TLS.
 static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_dir_help) {
@@ -459,8 +451,15 @@ void add_live_commands(CLI::App& app, int& rc) {
       ->required()
       ->check(CLI::IsMember({"kill-process", "kill-node", "hang", "oom"}));
   inj->add_option("slot", slot, "The rank slot whose node gets the fault")->required();
+  static int32_t inject_local_rank = 0;
+  inj->add_option("--local-rank", inject_local_rank, "Which of the node's trainer processes (nproc_per_node > 1)")
+      ->check(CLI::Range(0, 1023));
   add_master_options(inj);
-  inj->callback([=] { ask_master("/v1/inject", json{{"fault", fault}, {"slot", slot}}); });
+  inj->callback([=] {
+    json body{{"fault", fault}, {"slot", slot}};
+    if (inject_local_rank > 0) body["local_rank"] = inject_local_rank;
+    ask_master("/v1/inject", body);
+  });
 
   static std::vector<int32_t> check_slots;
   static std::string check_fault, check_reason;

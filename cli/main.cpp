@@ -12,6 +12,7 @@
 #include "cli/bench_api.h"
 #include "cli/ckpt.h"
 #include "cli/live.h"
+#include "cli/torchrun.h"
 #include "agent/checkpoint/flash_checkpoint.h"
 #include "engine/event_json.h"
 #include "engine/event_store.h"
@@ -543,6 +544,7 @@ int main(int argc, char** argv) {
 
   add_ckpt_commands(app, rc);
   add_live_commands(app, rc);
+  add_torchrun_command(app, rc);
 
   BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "Benchmarks: core loop, replay, Monte Carlo (ratios against baselines)");

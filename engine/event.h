@@ -252,6 +252,7 @@ struct ShardsAssigned {
   NodeId node = 0;
   int64_t request = 0;
   std::vector<int64_t> shards;
+  int32_t local_rank = 0;  // which of the node's trainer processes asked (each numbers its requests)
 };
 // Restart every trainer of the world; they restore `restore_step` from `restore_tier`.
 struct RestartJob {

@@ -31,7 +31,8 @@ template <class F> void fields(CheckpointSaved& v, F&& f) {
 }
 template <class F> void fields(CheckpointPersisted& v, F&& f) { f("step", v.step); f("count", v.count); }
 template <class F> void fields(ShardsCompleted& v, F&& f) { f("node", v.node); f("step", v.step); f("shards", v.shards); }
-template <class F> void fields(ShardsAssigned& v, F&& f) { f("node", v.node); f("request", v.request); f("shards", v.shards); }
+template <class F> void fields(ShardsAssigned& v, F&& f) { f("node", v.node); f("request", v.request); f("shards", v.shards); f.optional("local_rank", v.local_rank);
+}
 template <class F> void fields(NodeChecked& v, F&& f) {
   f("node", v.node); f("round", v.round); f("peer", v.peer); f("compute_mflops", v.compute_mflops);
   f("compute_ok", v.compute_ok); f("link_mb_per_s", v.link_mb_per_s); f("link_ok", v.link_ok);

@@ -173,6 +173,7 @@ std::vector<ReplicaGroup> replicas_from_json(const nlohmann::json& j, const std:
     for (const ReplicaGroup& other : groups)
       if (other.type == g.type) r.fail("type", "'" + g.type + "' is given twice: one group per type");
     g.count = static_cast<int32_t>(r.integer("count", 1, 1, 4096));
+    g.nproc_per_node = static_cast<int32_t>(r.integer("nproc_per_node", s.nproc_per_node, 1, 1024));
     if (g.type == "chief" && g.count != 1) r.fail("count", "must be 1: a job has one chief");
     g.command = s.command;
     if (const nlohmann::json* cmd = r.child("command")) {
@@ -240,9 +241,24 @@ nlohmann::json replica_counts(const std::vector<ReplicaGroup>& groups, int32_t w
   return out;
 }
 
+nlohmann::json process_counts(const std::vector<ReplicaGroup>& groups, nlohmann::json counts) {
+  for (const ReplicaGroup& g : groups)
+    if (const auto it = counts.find(g.type); it != counts.end() && it->is_number_integer())
+      *it = it->get<int64_t>() * g.nproc_per_node;
+  return counts;
+}
+
+int32_t first_process(const std::vector<ReplicaGroup>& groups, int32_t slot) {
+  int32_t ranks = 0;
+  for (const ReplicaGroup& g : groups)
+    ranks += std::clamp(slot - g.first_slot, 0, &g == &groups.back() ? std::max(slot, 0) : g.count) * g.nproc_per_node;
+  return ranks;
+}
+
 std::vector<ReplicaGroup> JobSpec::workers_only() const {
   ReplicaGroup g;
   g.count = nodes;
+  g.nproc_per_node = nproc_per_node;
   g.command = command;
   g.env = env;
   g.kube = kube;
@@ -286,7 +302,12 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   if (!r.has("total_steps")) r.fail("total_steps", "is required");
   s.step_time = r.duration("step_time", s.step_time);
   if (s.step_time <= 0) r.fail("step_time", "must be positive");
-  s.accelerators_per_node = static_cast<int32_t>(r.integer("accelerators_per_node", 1, 1, 1024));
+  s.nproc_per_node = static_cast<int32_t>(r.integer("nproc_per_node", 1, 1, 1024));
+  s.role = r.text("role", s.role);
+  s.trainer_reports = r.boolean("trainer_reports", true);
+  if (s.role.empty() || s.role.size() > 63) r.fail("role", "must be 1 to 63 characters");
+  // A node failure costs all its processes' accelerators: by default, one per process.
+  s.accelerators_per_node = static_cast<int32_t>(r.integer("accelerators_per_node", s.nproc_per_node, 1, 1024));
   s.checkpoint_bytes_per_node = r.integer("checkpoint_bytes_per_node", 0, 0, INT64_MAX / 2);
   s.memory_bandwidth_bytes_per_s = r.integer("memory_bandwidth_bytes_per_s", s.memory_bandwidth_bytes_per_s, 1, INT64_MAX / 2);
   s.storage_bandwidth_bytes_per_s = r.integer("storage_bandwidth_bytes_per_s", s.storage_bandwidth_bytes_per_s, 1, INT64_MAX / 2);

@@ -80,6 +80,7 @@ struct ReplicaGroup {
   std::string type = "worker";  // "chief", "ps" or "worker"
   int32_t count = 1;
   int32_t first_slot = 0;
+  int32_t nproc_per_node = 1;              // trainer processes on each of its nodes (the job's, unless its own)
   std::vector<std::string> command;        // the job's, unless the group has its own
   std::map<std::string, std::string> env;  // the job's, with the group's added
   KubeBackendSpec kube;  // the job's backend with the group's overrides (cpu, memory, image, ...)
@@ -89,6 +90,11 @@ struct ReplicaGroup {
 const ReplicaGroup& replica_group(const std::vector<ReplicaGroup>& groups, int32_t slot);
 // {"chief": 1, "ps": 2, "worker": 4}, with `world` nodes in all (workers are what scaling changes).
 nlohmann::json replica_counts(const std::vector<ReplicaGroup>& groups, int32_t world);
+// Node counts by type (replica_counts, a saved layout) as process counts: each times its group's nproc_per_node.
+nlohmann::json process_counts(const std::vector<ReplicaGroup>& groups, nlohmann::json counts);
+// The global rank of the first process on `slot`'s node: the processes of every slot before it.
+// first_process(groups, world) is the world's process count.
+int32_t first_process(const std::vector<ReplicaGroup>& groups, int32_t slot);
 
 // A node check's fault drill: "corrupt", "link-down" or "slow:F" (F from 1 to 1000).
 bool valid_check_fault(const std::string& fault);
@@ -98,10 +104,18 @@ struct JobSpec {
   int32_t nodes = 1;
   std::vector<std::string> command;  // argv of one trainer; run without a shell
   std::map<std::string, std::string> env;
+  // Trainer processes per node, one per accelerator (torchrun's --nproc-per-node): a node's agent
+  // starts this many with torchrun's environment, and stops them all when one fails.
+  int32_t nproc_per_node = 1;
+  std::string role = "default";  // ROLE_NAME of a plain job's trainers (torchrun's --role)
+  // The trainers report progress through goodput.live (phases, steps, checkpoints). false: an
+  // unmodified torchrun script, judged by its processes alone: running is training, exit code 0 is
+  // done, a failure restarts it (from its own checkpoints); no hang detection.
+  bool trainer_reports = true;
   int64_t total_steps = 0;
   Duration step_time = 100 * kMillisecond;  // expected step time: the report's cost model
-  int32_t accelerators_per_node = 1;
-  int64_t checkpoint_bytes_per_node = 0;
+  int32_t accelerators_per_node = 1;  // the report's cost model; not given: nproc_per_node
+  int64_t checkpoint_bytes_per_node = 0;  // all its processes' checkpoints together
   int64_t memory_bandwidth_bytes_per_s = 2'000'000'000;
   int64_t storage_bandwidth_bytes_per_s = 200'000'000;
   nlohmann::json policy;  // a policy document; null: the default policy

@@ -67,7 +67,7 @@ void LiveMaster::append(const Event& e) {
           checks_.joined(p);
           launches_lost_ = grow_back_lost_ = 0;
         } else if constexpr (std::is_same_v<T, ShardsAssigned>) {
-          last_assigned_[p.node] = p;
+          last_assigned_[{p.node, p.local_rank}] = p;
         } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
           stragglers_.fold(p);
         } else if constexpr (std::is_same_v<T, NodeChecked> || std::is_same_v<T, CheckRequested>) {
@@ -243,8 +243,21 @@ json LiveMaster::run_order(const Node& n) const {
   json out;
   out["action"] = "run";
   out["restart"] = restart_.restart;
-  out["rank"] = n.slot;
+  out["rank"] = n.slot;  // the node's rank (torchrun's GROUP_RANK); its processes' ranks follow
   out["world_size"] = restart_.world_size;
+  const ReplicaGroup& g = world_.group_of(n.slot);
+  const auto& groups = world_.groups();
+  if (const int32_t world_processes = first_process(groups, restart_.world_size); world_processes != restart_.world_size) {
+    // Several trainers per node: their global ranks start at rank_base; roles as torchrun lays them.
+    out["nproc"] = g.nproc_per_node;
+    out["rank_base"] = first_process(groups, n.slot);
+    out["process_world_size"] = world_processes;
+  }
+  if (groups.size() > 1 || spec_.role != "default") {
+    out["role"] = groups.size() > 1 ? g.type : spec_.role;
+    out["role_rank_base"] = (n.slot - g.first_slot) * g.nproc_per_node;
+    out["role_world_size"] = process_counts(groups, replica_counts(groups, restart_.world_size)).value(g.type, 0);
+  }
   // torch.distributed's store runs on rank 0: its host, as its agent reported it.
   const Node* rank0 = world_.holder(0);
   out["master_addr"] = rank0 && !rank0->host.empty() ? rank0->host : std::string("127.0.0.1");
@@ -255,22 +268,23 @@ json LiveMaster::run_order(const Node& n) const {
   out["checkpoint_tier"] = std::string(to_string(plan_.tier));
   out["persist_every"] = plan_.persist_every;
   out["total_steps"] = spec_.total_steps;
+  if (!spec_.trainer_reports) out["plain"] = true;
   out["dump_stacks"] = last_failure_ && last_failure_->kind == FailureKind::Hang;  // the old trainers' stacks say where they hung
   out["job"] = spec_.job;
   out["run_id"] = run_id_;
   // Its replica group's program; every rank learns its part and the world's shape.
-  const ReplicaGroup& g = world_.group_of(n.slot);
   out["command"] = g.command;
   json env = g.env;
   env["GOODPUT_REPLICA_TYPE"] = g.type;
-  env["GOODPUT_REPLICA_INDEX"] = std::to_string(n.slot - g.first_slot);
-  env["GOODPUT_REPLICAS"] = replica_counts(world_.groups(), restart_.world_size).dump();
+  // The index of the node's first process among its type's (the agent adds the local rank).
+  env["GOODPUT_REPLICA_INDEX"] = std::to_string((n.slot - g.first_slot) * g.nproc_per_node);
+  env["GOODPUT_REPLICAS"] = process_counts(groups, replica_counts(groups, restart_.world_size)).dump();
   // Once a group was scaled, storage holds checkpoints of more than one layout: a restore from
   // it loads exactly the step the master chose, each rank finding its part's state by the ranks
   // of the layout that step was saved under.
   if (world_.relaid() && restart_.restore_tier == Tier::Storage)
     if (const json saved = world_.layout_of(restart_.restore_step); saved.is_object())
-      env["GOODPUT_RESTORE_REPLICAS"] = saved.dump();
+      env["GOODPUT_RESTORE_REPLICAS"] = process_counts(groups, saved).dump();
   out["env"] = env;
   out["storage_dir"] = spec_.storage_dir;
   out["checkpoint_bytes"] = spec_.checkpoint_bytes_per_node;
@@ -305,7 +319,7 @@ json LiveMaster::heartbeat(const AgentReport& r) {
   return out;
 }
 
-json LiveMaster::next_shard(NodeId node, int32_t restart, int64_t request) {
+json LiveMaster::next_shard(NodeId node, int32_t restart, int64_t request, int32_t local_rank) {
   const Node* n = world_.node(node);
   if (!n || n->gone || n->slot < 0) throw ApiError(409, "node holds no slot");
   const Phase phase = master_.state().phase();
@@ -314,13 +328,13 @@ json LiveMaster::next_shard(NodeId node, int32_t restart, int64_t request) {
   if (ledger_.total() == 0) throw ApiError(404, "this job has no data-shard service (data_shards is 0)");
   json out;
   // A retry (the answer was lost, or the master restarted) gets the same shard again.
-  if (auto it = last_assigned_.find(n->id); request >= 0 && it != last_assigned_.end() && it->second.request == request &&
+  if (auto it = last_assigned_.find({n->id, local_rank}); request >= 0 && it != last_assigned_.end() && it->second.request == request &&
                                             !it->second.shards.empty()) {
     out = json{{"shard", it->second.shards.front()}, {"of", ledger_.total()}};
   } else if (const auto next = ledger_.next_queued(); !next) {
     out = json{{"shard", nullptr}, {"remaining", ledger_.total() - ledger_.done()}};
   } else {
-    master_.log(ShardsAssigned{n->id, request, {*next}});  // durable before the trainer hears of it
+    master_.log(ShardsAssigned{n->id, request, {*next}, local_rank});  // durable before the trainer hears of it
     out = json{{"shard", *next}, {"of", ledger_.total()}};
   }
   advance();
@@ -344,14 +358,21 @@ json LiveMaster::complete_shards(NodeId node, int64_t step, const std::vector<in
 
 // ---- an operator's requests ------------------------------------------------------------------------
 
-json LiveMaster::inject(const std::string& fault, int32_t slot) {
+json LiveMaster::inject(const std::string& fault, int32_t slot, int32_t local_rank) {
   if (fault != "kill-process" && fault != "kill-node" && fault != "hang" && fault != "oom")
     throw std::invalid_argument("fault must be kill-process, kill-node, hang or oom, not '" + fault + "'");
   if (slot < 0 || slot >= world_.size() || world_.at(slot) < 0)
     throw std::invalid_argument("no node holds slot " + std::to_string(slot));
+  if (local_rank < 0 || local_rank >= world_.group_of(slot).nproc_per_node)
+    throw std::invalid_argument("slot " + std::to_string(slot) + "'s node runs " +
+                                std::to_string(world_.group_of(slot).nproc_per_node) + " trainer processes: no local rank " +
+                                std::to_string(local_rank));
   Node& n = *world_.node(world_.at(slot));
-  n.inject.push_back(fault);
-  return json{{"node", n.id}, {"name", n.name}, {"slot", slot}, {"fault", fault}};
+  // To the agent: "kill-process" hits local rank 0, "kill-process@2" local rank 2.
+  n.inject.push_back(local_rank > 0 ? fault + "@" + std::to_string(local_rank) : fault);
+  json out{{"node", n.id}, {"name", n.name}, {"slot", slot}, {"fault", fault}};
+  if (local_rank > 0) out["local_rank"] = local_rank;
+  return out;
 }
 
 json LiveMaster::request_scale(const std::string& group, int32_t count, const std::string& reason) {

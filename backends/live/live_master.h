@@ -56,7 +56,7 @@ class LiveMaster final : public Backend, public EventSink {
   // cannot be taken now.
   nlohmann::json register_node(const RegisterRequest& request);
   nlohmann::json heartbeat(const AgentReport& report);
-  nlohmann::json next_shard(NodeId node, int32_t restart, int64_t request);
+  nlohmann::json next_shard(NodeId node, int32_t restart, int64_t request, int32_t local_rank = 0);
   nlohmann::json complete_shards(NodeId node, int64_t step, const std::vector<int64_t>& shards);
   // A request refused for a missing or wrong token: counted for /metrics, and in the log as an
   // api_refused event at most once a minute (a flood must not grow it).
@@ -68,7 +68,8 @@ class LiveMaster final : public Backend, public EventSink {
 
   // Hand a fault to the node holding `slot` with its next heartbeat: kill-process, kill-node,
   // hang or oom. Throws std::invalid_argument for an unknown fault or an empty slot.
-  nlohmann::json inject(const std::string& fault, int32_t slot);
+  // local_rank: which of the node's trainer processes gets a process fault (kill-process, hang, oom).
+  nlohmann::json inject(const std::string& fault, int32_t slot, int32_t local_rank = 0);
   // Check the nodes holding `slots` again (all of the world's when empty), with a fault drill
   // (corrupt, link-down, slow:F) if `fault` is set: training stops for the check and restarts from
   // the newest checkpoint once all have a verdict. A training job with periodic checkpoints stops
@@ -154,7 +155,8 @@ class LiveMaster final : public Backend, public EventSink {
   std::optional<Time> grow_back_at_;      // when to ask for such a slot's machine again
   std::optional<FailureObserved> last_failure_;
   std::vector<std::string> notes_;
-  std::map<NodeId, ShardsAssigned> last_assigned_;  // each node's newest answer in this restart
+  // Each trainer process's newest answer in this restart, by node and local rank.
+  std::map<std::pair<NodeId, int32_t>, ShardsAssigned> last_assigned_;
   int64_t unauthorized_ = 0;
   int64_t bad_requests_ = 0;
   int64_t unauthorized_logged_ = 0;       // of those, the ones api_refused events counted

@@ -83,7 +83,7 @@ RegisterRequest read_register(const json& b, const std::string& peer_address) {
 
 TrainerReport read_trainer(const json& t) {
   only_keys(t, {"restart", "phase", "pid", "step", "progress_age_ms", "saves", "save_blocking_ns", "saved_step", "done",
-                "storage_steps", "stopped", "loaded", "loss", "work_median_s", "work_mad_s", "exit"},
+                "storage_steps", "stopped", "loaded", "loss", "work_median_s", "work_mad_s", "exit", "processes", "ranks"},
             "trainer.");
   TrainerReport r;
   r.restart = field<int32_t>(t, "restart");
@@ -106,10 +106,20 @@ TrainerReport read_trainer(const json& t) {
     r.loaded = CheckpointLoaded{field<int64_t>(*l, "step"), *tier, field<int64_t>(*l, "ns")};
   }
   if (const auto x = t.find("exit"); x != t.end() && x->is_object()) {
-    only_keys(*x, {"code", "signal", "reason", "done", "age_ms"}, "trainer.exit.");
-    r.exit = TrainerReport::Exit{field_or<int32_t>(*x, "code", 0), field_or<int32_t>(*x, "signal", 0),
-                                 field_or<std::string>(*x, "reason", ""), field_or<bool>(*x, "done", false),
-                                 field_or<int64_t>(*x, "age_ms", 0)};
+    only_keys(*x, {"code", "signal", "reason", "done", "age_ms", "local_rank", "rank"}, "trainer.exit.");
+    r.exit = TrainerReport::Exit{field_or<int32_t>(*x, "code", 0),         field_or<int32_t>(*x, "signal", 0),
+                                 field_or<std::string>(*x, "reason", ""),  field_or<bool>(*x, "done", false),
+                                 field_or<int64_t>(*x, "age_ms", 0),       field_or<int32_t>(*x, "local_rank", -1),
+                                 field_or<int32_t>(*x, "rank", -1)};
+  }
+  r.processes = field_or<int32_t>(t, "processes", 1);
+  if (r.processes < 1 || r.processes > 1024) throw BadRequest("field 'trainer.processes' must be 1 to 1024");
+  if (const auto ranks = t.find("ranks"); ranks != t.end()) {
+    if (!ranks->is_array() || ranks->size() != static_cast<size_t>(r.processes))
+      throw BadRequest("field 'trainer.ranks' must be a list of one report per process ('trainer.processes')");
+    for (const json& p : *ranks)
+      if (!p.is_object()) throw BadRequest("field 'trainer.ranks' must hold objects");
+    r.ranks = *ranks;  // shown as it came in /status; nothing is decided on it
   }
   return r;
 }
@@ -175,9 +185,9 @@ json read_scale(LiveMaster& m, const json& b) {
 }
 
 json read_inject(LiveMaster& m, const json& b) {
-  only_keys(b, {"fault", "slot"});
+  only_keys(b, {"fault", "slot", "local_rank"});
   try {
-    return m.inject(field<std::string>(b, "fault"), field<int32_t>(b, "slot"));
+    return m.inject(field<std::string>(b, "fault"), field<int32_t>(b, "slot"), field_or<int32_t>(b, "local_rank", 0));
   } catch (const std::invalid_argument& e) {
     throw BadRequest(e.what());
   }
@@ -228,9 +238,11 @@ net::HttpResponse MasterApi::handle(const net::HttpRequest& req) {
     if (path == "/v1/heartbeat" || path == "/v1/exit")
       return reply(200, master_.heartbeat(read_heartbeat(body, req.peer_address)));
     if (path == "/v1/shards/next") {
-      only_keys(body, {"node", "restart", "request"});
+      only_keys(body, {"node", "restart", "request", "local_rank"});
+      const int64_t local_rank = field_or<int64_t>(body, "local_rank", 0);
+      if (local_rank < 0 || local_rank > 1023) throw BadRequest("field 'local_rank' must be 0 to 1023");
       return reply(200, master_.next_shard(field<int32_t>(body, "node"), field<int32_t>(body, "restart"),
-                                           field_or<int64_t>(body, "request", -1)));
+                                           field_or<int64_t>(body, "request", -1), static_cast<int32_t>(local_rank)));
     }
     if (path == "/v1/shards/complete") {
       only_keys(body, {"node", "restart", "step", "shards"});

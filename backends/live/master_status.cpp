@@ -46,6 +46,10 @@ nlohmann::ordered_json status_of(const LiveMaster& m) {
                      {"check", m.checks().state_of(id)},
                      {"trainer", {{"restart", n.trainer.restart}, {"phase", n.trainer.phase}, {"pid", n.trainer.pid},
                                   {"step", n.trainer.step}, {"work_median_s", n.trainer.work_median_s}}}});
+    if (n.trainer.processes > 1) {  // each of the node's trainer processes, as its agent reported it
+      nodes.back()["trainer"]["processes"] = n.trainer.processes;
+      if (!n.trainer.ranks.is_null()) nodes.back()["trainer"]["ranks"] = n.trainer.ranks;
+    }
     if (!n.persist_error.empty()) nodes.back()["persist_error"] = n.persist_error;
   }
   return out;

@@ -45,8 +45,14 @@ struct TrainerReport {
     std::string reason;
     bool done = false;
     int64_t age_ms = 0;
+    int32_t local_rank = -1;  // the process that failed first (the root cause) on a node of several; -1: not said
+    int32_t rank = -1;        // its global rank
   };
   std::optional<Exit> exit;
+  // A node of several trainer processes: the report above is their aggregate (the least advanced
+  // phase and step, the slowest work), and `ranks` each process's own, as the agent sent it.
+  int32_t processes = 1;
+  nlohmann::json ranks;  // null for one process
 };
 
 // A node's trainer process, as its agent last reported it: the newest report, with its ages turned

@@ -42,6 +42,7 @@ class Session:
     def __init__(self):
         e = os.environ
         self.rank = _int("RANK")
+        self.local_rank = _int("LOCAL_RANK")
         self.world_size = _int("WORLD_SIZE", 1)
         self.restart = _int("GOODPUT_RESTART")
         self.node = _int("GOODPUT_NODE", -1)
@@ -209,8 +210,10 @@ class Session:
         has no shard service). The shard counts as done at the next save()."""
         if not self._master:
             return None
-        r = self._call("/v1/shards/next", {"node": self.node, "restart": self.restart,
-                                           "request": self._shard_requests}, allow=(404,))
+        body = {"node": self.node, "restart": self.restart, "request": self._shard_requests}
+        if self.local_rank:  # one of several trainers on the node: each numbers its own requests
+            body["local_rank"] = self.local_rank
+        r = self._call("/v1/shards/next", body, allow=(404,))
         if r is None or r.get("shard") is None:
             return None
         self._shard_requests += 1
