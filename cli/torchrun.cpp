@@ -265,6 +265,27 @@ int run_torchrun(const std::vector<std::string>& argv) {
   const bool standalone = a.has("standalone");
   const int64_t max_restarts = integer(a, "max-restarts", -1, 0, 100'000'000);
 
+  // Who serves the master: standalone, this process; else the one on the rendezvous host.
+  std::string endpoint = a.get("rdzv-endpoint");
+  if (endpoint.empty() && (a.has("master-addr") || backend == "static"))
+    endpoint = a.get("master-addr", "127.0.0.1") + ":" + a.get("master-port", "29500");
+  uint16_t port = static_cast<uint16_t>(integer(a, "port", 0, 0, 65535));
+  std::string host = "127.0.0.1";
+  if (!standalone) {
+    if (endpoint.empty()) {
+      if (max_nodes > 1) throw TorchrunError("--nnodes=" + a.get("nnodes") + " needs --rdzv-endpoint HOST:PORT (or --standalone for nodes on this machine)");
+      endpoint = "127.0.0.1:29400";
+    }
+    const auto colon = endpoint.rfind(':');
+    host = endpoint.substr(0, colon);
+    if (colon != std::string::npos) {
+      Args p;
+      p.given["rdzv-endpoint"] = endpoint.substr(colon + 1);
+      if (!a.has("port")) port = static_cast<uint16_t>(integer(p, "rdzv-endpoint", 29400, 1, 65535));
+    } else if (!a.has("port")) {
+      port = 29400;
+    }
+  }
   // The trainer's command, as torchrun builds it.
   std::vector<std::string> command;
   std::string script = a.program[0];
@@ -341,27 +362,6 @@ int run_torchrun(const std::vector<std::string>& argv) {
   if (fs::exists(fs::path(run_dir) / "events.db"))
     throw TorchrunError(run_dir + " already holds a job's log: give another --run-dir (or resume it with goodput run --resume)");
 
-  // Who serves the master: standalone, this process; else the one on the rendezvous host.
-  std::string endpoint = a.get("rdzv-endpoint");
-  if (endpoint.empty() && (a.has("master-addr") || backend == "static"))
-    endpoint = a.get("master-addr", "127.0.0.1") + ":" + a.get("master-port", "29500");
-  uint16_t port = static_cast<uint16_t>(integer(a, "port", 0, 0, 65535));
-  std::string host = "127.0.0.1";
-  if (!standalone) {
-    if (endpoint.empty()) {
-      if (max_nodes > 1) throw TorchrunError("--nnodes=" + a.get("nnodes") + " needs --rdzv-endpoint HOST:PORT (or --standalone for nodes on this machine)");
-      endpoint = "127.0.0.1:29400";
-    }
-    const auto colon = endpoint.rfind(':');
-    host = endpoint.substr(0, colon);
-    if (colon != std::string::npos) {
-      Args p;
-      p.given["rdzv-endpoint"] = endpoint.substr(colon + 1);
-      if (!a.has("port")) port = static_cast<uint16_t>(integer(p, "rdzv-endpoint", 29400, 1, 65535));
-    } else if (!a.has("port")) {
-      port = 29400;
-    }
-  }
   std::optional<int64_t> node_rank;
   if (a.has("node-rank")) node_rank = integer(a, "node-rank", 0, 0, 4095);
   else if (const char* s = std::getenv("SLURM_NODEID"); s && *s && !standalone) node_rank = std::atoll(s);

@@ -35,6 +35,26 @@ def batch(seed, size, dim):
     return x, y
 
 
+def rank_ordered_mean(state, bucket):
+    """DDP's gradient averaging, with each element summed over the ranks in rank order: an
+    all-reduce of more than two ranks adds them in an order that follows the bucket's layout, and
+    DDP lays its buckets out anew after a restart, so the sums (and, a few steps on, the model)
+    would differ from an uninterrupted run's in their last bits. Gathering costs world_size times
+    the traffic of an all-reduce: right for a model this small, and the point of the example."""
+    grads = bucket.buffer()
+    parts = [torch.empty_like(grads) for _ in range(dist.get_world_size())]
+    work = dist.all_gather(parts, grads, async_op=True)
+
+    def mean(fut):
+        fut.value()  # raises if the gather failed (a peer died): never train on unfilled buffers
+        total = parts[0].clone()
+        for p in parts[1:]:
+            total += p
+        return total.div_(len(parts))
+
+    return work.get_future().then(mean)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=256)
@@ -57,6 +77,8 @@ def main():
                                 torch.nn.Linear(args.hidden, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ddp = DDP(model)  # before the restore: its set-up is part of getting back to training
+    if dist.get_world_size() > 2:  # two ranks add up the same in either order
+        ddp.register_comm_hook(None, rank_ordered_mean)
     step, state = s.restore()
     if state is None and step > 0:  # a worker added by `goodput scale worker N`: every rank's state is the same
         state = s.load_replica("worker", 0)
