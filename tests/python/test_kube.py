@@ -484,6 +484,28 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual(bad.run_while(timeout=120), 1, bad.diag())
         self.assertIn("no answer from the API server at " + emu.url, bad.stderr)
 
+    def test_a_job_of_two_pods_with_two_trainers_each_recovers_a_killed_local_rank_from_memory(self):
+        # torchrun's shape on this backend: one pod per node, two trainer processes in it.
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=100, nproc_per_node=2, checkpoint_bytes_per_node=8 << 20),
+                      [{"fault": "kill-process", "slot": 1, "local_rank": 1, "at_step": 40}])
+        seen = []
+
+        def watch():
+            run.wait_for_step(10)
+            with urllib.request.urlopen(run.url() + "/status", timeout=5) as r:
+                seen.append(json.loads(r.read()))
+
+        self.assertEqual(run.run_while(watch), 0, run.diag())
+        self.assertEqual(sorted(p["rank"] for n in seen[0]["nodes"] for p in n["trainer"]["ranks"]), [0, 1, 2, 3])
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual(len(failures), 1, failures)
+        self.assertIn("local rank 1 (rank 3): killed by signal 9", failures[0]["reason"])
+        self.assertEqual([d["action"] for d in of_type(ev, "recovery_decided")], ["restart_process"])
+        self.assertEqual(of_type(ev, "checkpoint_loaded")[1]["tier"], "memory")
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_a_replay_of_the_emulated_run_makes_the_same_decisions(self):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160),

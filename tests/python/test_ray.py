@@ -375,6 +375,28 @@ class RayBackendTest(unittest.TestCase):
         status, _, _ = emu.call("GET", "/api/version", headers={})
         self.assertEqual(status, 401, "the emulator does check the header")
 
+    def test_a_job_of_two_ray_jobs_with_two_trainers_each_recovers_a_killed_local_rank_from_memory(self):
+        # torchrun's shape on this backend: one Ray job per node, two trainer processes in it.
+        emu = Emulator(self)
+        run = LiveRun(self, ray_spec(emu, total_steps=100, nproc_per_node=2, checkpoint_bytes_per_node=8 << 20),
+                      [{"fault": "kill-process", "slot": 1, "local_rank": 1, "at_step": 40}])
+        seen = []
+
+        def watch():
+            run.wait_for_step(10)
+            with urllib.request.urlopen(run.url() + "/status", timeout=5) as r:
+                seen.append(json.loads(r.read()))
+
+        self.assertEqual(run.run_while(watch), 0, run.diag())
+        self.assertEqual(sorted(p["rank"] for n in seen[0]["nodes"] for p in n["trainer"]["ranks"]), [0, 1, 2, 3])
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual(len(failures), 1, failures)
+        self.assertIn("local rank 1 (rank 3): killed by signal 9", failures[0]["reason"])
+        self.assertEqual([d["action"] for d in of_type(ev, "recovery_decided")], ["restart_process"])
+        self.assertEqual(of_type(ev, "checkpoint_loaded")[1]["tier"], "memory")
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_local_and_ray_make_the_same_decisions_for_the_same_faults(self):
         faults = [{"fault": "kill-process", "slot": 1, "at_step": 40}, {"fault": "kill-node", "slot": 0, "at_step": 100}]
         local = LiveRun(self, spec(total_steps=160), faults)
