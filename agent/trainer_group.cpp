@@ -294,7 +294,8 @@ json TrainerGroup::aggregate() const {
   json ranks = json::array();
   for (size_t i = 0; i < each.size(); ++i) {
     json r{{"local_rank", i}, {"rank", procs_[i].rank}, {"pid", each[i]["pid"]}, {"phase", each[i]["phase"]},
-           {"step", each[i]["step"]}};
+           {"step", each[i]["step"]}, {"progress_age_ms", each[i]["progress_age_ms"]}};
+    if (each[i].value("stopped", false)) r["stopped"] = true;
     if (each[i].contains("exit")) {
       r["exit"] = each[i]["exit"];
       r["exit"].erase("age_ms");

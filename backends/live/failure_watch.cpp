@@ -40,8 +40,10 @@ FailureWatch::Notice FailureWatch::notice(const Ranks& w, int32_t gen, Phase pha
   if (phase == Phase::Restart) return {};
   const Node* hung = hang_culprit(w, gen, now, spec_.hang_timeout);
   auto silence = [&](const Trainer& t) {
+    const std::string which = t.quietest_process();  // on a node of several processes
     return "no progress for " + format_duration(now - t.last_progress) + " at step " + std::to_string(t.step) +
-           (t.stopped ? " (process stopped)" : "");
+           (t.stopped ? " (process stopped" + (which.empty() ? "" : ": " + which) + ")"
+                      : (which.empty() ? "" : " (quietest: " + which + ")"));
   };
   if (spec_.hang_action == JobSpec::HangAction::Report) {
     // Left alone: say so once, with every trainer's stacks, and say when it moves again.

@@ -10,6 +10,18 @@ World::World(std::vector<ReplicaGroup> groups, int32_t slots)
       slot_memory_(static_cast<size_t>(slots), 1000),
       size_(slots) {}
 
+std::string TrainerReport::quietest_process() const {
+  if (processes <= 1 || !ranks.is_array()) return "";
+  const nlohmann::json* pick = nullptr;
+  auto rank_of = [](const nlohmann::json& p) {
+    return std::make_pair(p.value("stopped", false), p.value("progress_age_ms", int64_t{0}));
+  };
+  for (const nlohmann::json& p : ranks)
+    if (!pick || rank_of(p) > rank_of(*pick)) pick = &p;
+  if (!pick) return "";
+  return "local rank " + std::to_string(pick->value("local_rank", -1)) + " (rank " + std::to_string(pick->value("rank", -1)) + ")";
+}
+
 void Trainer::apply(const TrainerReport& t, Time now) {
   if (t.restart != restart) *this = Trainer{};
   std::optional<CheckpointLoaded> was_loaded = std::move(loaded);

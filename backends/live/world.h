@@ -53,6 +53,9 @@ struct TrainerReport {
   // phase and step, the slowest work), and `ranks` each process's own, as the agent sent it.
   int32_t processes = 1;
   nlohmann::json ranks;  // null for one process
+  // On a node of several processes, the one a hang is most likely in: a stopped one, else the one
+  // silent longest, as "local rank L (rank R)"; empty for one process.
+  std::string quietest_process() const;
 };
 
 // A node's trainer process, as its agent last reported it: the newest report, with its ages turned

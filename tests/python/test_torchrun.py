@@ -168,6 +168,22 @@ class SeveralProcessesPerNodeTest(unittest.TestCase):
             self.assertEqual(max(gens[1]), 120, rank)
             self.assertEqual(min(gens[1]), loaded["step"] + 1, rank)
 
+    def test_a_hung_local_rank_is_found_among_its_waiting_siblings_and_its_stacks_dumped(self):
+        run = LiveRun(self, mp_spec(hang_timeout="6s"), [{"fault": "hang", "slot": 1, "local_rank": 1, "at_step": 30}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        failures = of_type(ev, "failure_observed")
+        self.assertEqual([f["kind"] for f in failures], ["hang"], failures)
+        self.assertIn("process stopped: local rank 1 (rank 3)", failures[0]["reason"])
+        self.assertEqual({j["node"]: j["name"] for j in of_type(ev, "node_joined")}[failures[0]["node"]], "local-1")
+        self.assertIn("local rank 1 (rank 3)", run.explain("local-1"))
+        # Each of the node's processes had its stacks taken before it was killed (goodput.live's
+        # faulthandler writes them to the process's stderr).
+        for tag in ("", "-l1"):
+            with open(os.path.join(run.run_dir, "nodes", "local-1", "r0%s-stderr.log" % tag)) as f:
+                self.assertIn("most recent call first", f.read(), tag)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_a_killed_agent_is_relaunched_and_each_process_trains_its_own_shards_once(self):
         # 100 steps x 4 ranks, one shard per rank-step: exactly one pass over 400 shards, although
         # each node's two processes ask the master for shards on their own.
