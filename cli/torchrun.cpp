@@ -25,6 +25,7 @@
 #include "agent/agent.h"
 #include "cli/live.h"
 #include "engine/json_reader.h"  // ConfigError: a bad spec or policy, named
+#include "net/http.h"
 
 extern char** environ;
 
@@ -191,6 +192,12 @@ bool uses_goodput(const std::string& script) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   return text.find("goodput.live") != std::string::npos || text.find("from goodput import") != std::string::npos;
+}
+
+// Whether a Goodput master answers at host:port (its /healthz says "ok").
+bool master_answers(const std::string& host, uint16_t port) {
+  const auto r = net::http_call(net::Url{host, std::to_string(port), false}, "GET", "/healthz", "", "", 1000);
+  return r && r->status == 200 && r->body == "ok\n";
 }
 
 // A token every node of a job can compute from its rendezvous id: guessable by whoever knows the id.
@@ -365,7 +372,10 @@ int run_torchrun(const std::vector<std::string>& argv) {
   std::optional<int64_t> node_rank;
   if (a.has("node-rank")) node_rank = integer(a, "node-rank", 0, 0, 4095);
   else if (const char* s = std::getenv("SLURM_NODEID"); s && *s && !standalone) node_rank = std::atoll(s);
-  const bool serves = standalone || (node_rank ? *node_rank == 0 : is_this_machine(host));
+  // The rendezvous host serves the master, unless a `goodput master` already listens there: then
+  // every node, that host's included, is its agent (the job is that master's spec, not this line).
+  const bool master_listening = !standalone && port != 0 && master_answers(host, port);
+  const bool serves = standalone || (!master_listening && (node_rank ? *node_rank == 0 : is_this_machine(host)));
 
   // The token: the operator's, else (several machines must agree on it) one derived from the id.
   if (!standalone && !std::getenv("GOODPUT_TOKEN")) {
@@ -385,7 +395,8 @@ int run_torchrun(const std::vector<std::string>& argv) {
     ao.host = a.get("local-addr");
     ao.work_dir = (fs::path(run_dir) / "nodes" / node_name).string();
     if (node_rank) ao.slot = static_cast<int32_t>(*node_rank);
-    std::cerr << "goodput torchrun: node " << node_name << " joins the master at " << ao.master_url << "\n";
+    std::cerr << "goodput torchrun: node " << node_name << " joins the master at " << ao.master_url
+              << (master_listening ? " (already listening: its job spec decides the job)" : "") << "\n";
     return agent::run_agent(ao);
   }
 

@@ -343,6 +343,41 @@ class GoodputTorchrunTest(unittest.TestCase):
         self.assertEqual(seen, {0: ("0", "0", "4", "2", "2"), 1: ("0", "1", "4", "2", "2"),
                                 2: ("1", "0", "4", "2", "2"), 3: ("1", "1", "4", "2", "2")})
 
+    def test_a_goodput_master_already_on_the_rendezvous_port_is_joined_not_served_again(self):
+        d = self.tmp()
+        script = os.path.join(d, "print_env.py")
+        with open(script, "w") as f:
+            f.write(PRINT_ENV)
+        port = free_port()
+        job = os.path.join(d, "job.json")
+        with open(job, "w") as f:
+            json.dump(spec(job="joined", nodes=1, nproc_per_node=2, trainer_reports=False,
+                           command=[sys.executable, script, d]), f)
+        env = dict(os.environ, GOODPUT_TOKEN="t0ken-for-this-test", BASE_KEYS="")
+        master = subprocess.Popen([GOODPUT, "master", job, "--port", str(port), "--run-dir", os.path.join(d, "run")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                try:
+                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).read() == b"ok\n":
+                        break
+                except OSError:
+                    time.sleep(0.1)
+            r = subprocess.run([GOODPUT, "torchrun", "--nnodes=1", "--nproc-per-node=2", f"--rdzv-endpoint=127.0.0.1:{port}",
+                                "--rdzv-id=joined", "--run-dir", os.path.join(d, "agent"), script, d],
+                               capture_output=True, text=True, timeout=120, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertIn("already listening", r.stderr)
+            self.assertEqual(master.wait(timeout=60), 0, master.stderr.read()[-3000:])
+        finally:
+            master.kill()
+            master.communicate()
+        for rank in (0, 1):
+            with open(os.path.join(d, "env-%d.json" % rank)) as f:
+                self.assertEqual(json.load(f)["LOCAL_WORLD_SIZE"], "2")
+        self.assertFalse(os.path.exists(os.path.join(d, "agent", "events.db")), "the joining process served no master")
+
     def test_bad_command_lines_are_refused_naming_the_option(self):
         for args, message in [(["--nproc_per_node=2", "--bogus", "x.py"], "unknown option '--bogus'"),
                               (["--nproc-per-node=two", "x.py"], "--nproc-per-node must be an integer"),
