@@ -272,9 +272,15 @@ int serve(ServeOptions o) {
   if (o.on_listening) o.on_listening(url, token);
 
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  bool interrupted = false;
-  signals.async_wait([&](const boost::system::error_code& ec, int) {
+  bool interrupted = false, detached = false;
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
+    if (sig == SIGTERM && o.detach_on_sigterm && !master.finished()) {
+      detached = true;
+      std::cerr << "\ngoodput: SIGTERM: the master leaves, its agents keep training; run it again with --resume\n";
+      io.stop();
+      return;
+    }
     interrupted = true;
     std::cerr << "\ngoodput: interrupted; stopping the job\n";
     if (!master.finished()) master.stop();
@@ -331,6 +337,7 @@ int serve(ServeOptions o) {
     if (finished_at && (now - *finished_at > std::chrono::seconds(2) || interrupted)) {
       if (nodes) {
         nodes->shut_down(interrupted ? 500 : 5000);
+        if (master.finished()) nodes->job_over();
         // The job is over and storage has its checkpoints: free this run's host memory.
         if (master.finished() && spec.backend == "local")
           local::remove_shm_with_prefix("goodput-" + spec.job + "-" + run_id + "-");
@@ -349,9 +356,10 @@ int serve(ServeOptions o) {
     // Agents keep their trainers running; a master started with --resume carries on.
     std::cerr << "goodput: the event log could not be written: " << fatal << "\ngoodput: stopping the master; "
               << "fix the cause and run again with --resume (agents keep training meanwhile)\n";
-    return 1;
+    return kExitResumable;
   }
   store.flush();
+  if (detached) return kExitResumable;
 
   const Report r = make_report(master.state());
   std::cout << report_text(r);
@@ -381,6 +389,9 @@ static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_di
                   "want the bearer token, /metrics stays open), open, or token (all three want it)")
       ->check(CLI::IsMember({"auto", "open", "token"}))
       ->capture_default_str();
+  cmd->add_flag("--detach-on-sigterm", o.detach_on_sigterm,
+                "SIGTERM stops only the master (exit 3), not the job: its agents keep training and --resume carries on "
+                "(for a master Kubernetes runs: its pod gets SIGTERM when evicted or drained); SIGINT still stops the job");
 }
 
 void add_live_commands(CLI::App& app, int& rc) {
@@ -391,9 +402,15 @@ void add_live_commands(CLI::App& app, int& rc) {
   run->add_option("--faults", run_o.faults_path, "Faults to inject: [{\"fault\":\"kill-process\",\"slot\":0,\"at_step\":40}]")
       ->check(CLI::ExistingFile);
   run->callback([&rc] { rc = serve(run_o); });
+  const char* exit_status =
+      "\nExit status: 0 the job completed; 1 it ended otherwise (gave up, stopped by Ctrl-C or SIGTERM) or an internal "
+      "error; 2 a bad job spec or command line; 3 the master stopped with the job still on (its log could not be "
+      "written, or SIGTERM with --detach-on-sigterm): run it again with --resume.";
+  run->footer(exit_status);
 
   auto* master = app.add_subcommand("master", "Run only the job master; agents on other machines connect to it");
   add_serve_options(master, master_o, "Where the event log and token go (default runs/JOB)");
+  master->footer(exit_status);
   master->callback([&rc] {
     master_o.local = false;
     rc = serve(master_o);

@@ -23,10 +23,17 @@ struct ServeOptions {
   bool quiet = false;
   net::TlsFiles tls;  // both set: the API is HTTPS only
   std::string read_access = "auto";
+  // SIGTERM stops only the master (kExitResumable): its agents keep training, `--resume` carries on.
+  // For a master that Kubernetes runs, whose pod gets SIGTERM when it is evicted or its node drained.
+  bool detach_on_sigterm = false;
   // Called once the master listens (its URL, the job's token): `goodput torchrun` starts the
   // rendezvous host's own agent there.
   std::function<void(const std::string& url, const std::string& token)> on_listening;
 };
+// serve()'s exit status: 0 the job completed; 1 it ended otherwise (gave up, failed, stopped);
+// kExitResumable the master stopped with the job still on (its log unwritable, or detached by
+// SIGTERM): run it again with --resume. (2 is a bad command line or job spec.)
+constexpr int kExitResumable = 3;
 int serve(ServeOptions o);
 
 // `goodput run | master | agent | inject`: supervise a real job.

@@ -228,15 +228,33 @@ TEST_CASE("the shipped Kubernetes job spec and the deployment's ConfigMap are va
   for (const YAML::Node& d : YAML::LoadAll(ss.str())) docs.push_back(kube::yaml_to_json(YAML::Dump(d)));
   std::map<std::string, int> kinds;
   for (const json& d : docs) ++kinds[d["kind"].get<std::string>()];
-  CHECK(kinds == std::map<std::string, int>{{"ClusterRole", 1}, {"ClusterRoleBinding", 1}, {"ConfigMap", 1}, {"Deployment", 1},
+  CHECK(kinds == std::map<std::string, int>{{"ClusterRole", 1}, {"ClusterRoleBinding", 1}, {"ConfigMap", 1}, {"Job", 1},
                                              {"PersistentVolumeClaim", 1}, {"Role", 1}, {"RoleBinding", 1}, {"Service", 1},
                                              {"ServiceAccount", 1}});
   for (const json& d : docs) {
     if (d["kind"] == "Role") {
       // The least rights: its own pods (patch: their rank label follows a scale) and the token
-      // Secret; no update or deletecollection.
+      // Secret (deleted when the job is over); no update or deletecollection.
       CHECK(d["rules"][0]["verbs"] == json::array({"create", "delete", "get", "list", "patch", "watch"}));
-      CHECK(d["rules"][1]["verbs"] == json::array({"create"}));
+      CHECK(d["rules"][1]["verbs"] == json::array({"create", "delete"}));
+    }
+    if (d["kind"] == "Job") {
+      // The master runs to the job's end: a job that ended (exit 1) or a bad spec (2) fails the
+      // Job, anything else (3: resume me, a crash) gets a fresh pod that resumes from the log; an
+      // eviction costs no retry and only stops the master (--detach-on-sigterm).
+      const json& rules = d["spec"]["podFailurePolicy"]["rules"];
+      REQUIRE(rules.size() == 2);
+      CHECK(rules[0]["action"] == "FailJob");
+      CHECK(rules[0]["onExitCodes"]["values"] == json::array({1, 2}));
+      CHECK(rules[0]["onExitCodes"]["containerName"] == "master");
+      CHECK(rules[1]["action"] == "Ignore");
+      CHECK(rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget");
+      const json& pod = d["spec"]["template"]["spec"];
+      CHECK(pod["restartPolicy"] == "Never");  // what podFailurePolicy needs
+      CHECK(pod["containers"][0]["name"] == "master");
+      const std::string args = pod["containers"][0]["args"][0].get<std::string>();
+      CHECK(args.find("--detach-on-sigterm") != std::string::npos);
+      CHECK(args.find("--resume") != std::string::npos);
     }
     if (d["kind"] == "ConfigMap") {
       const json spec = json::parse(d["data"]["job.json"].get<std::string>());

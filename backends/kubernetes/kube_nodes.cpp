@@ -174,6 +174,16 @@ KubeNodes::KubeNodes(KubeNodesOptions options)
   threads_.emplace_back([this] { watch_loop("pods"); });
 }
 
+void KubeNodes::job_over() {
+  // The token is no use once the job is over; a master that only left (to be resumed) keeps it.
+  try {
+    client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/secrets/" + dns_label(o_.run) + "-token");
+  } catch (const KubeError& e) {
+    if (e.code != 404)
+      std::cerr << "goodput: could not delete the agents' token Secret " << dns_label(o_.run) << "-token: " << e.what() << "\n";
+  }
+}
+
 KubeNodes::~KubeNodes() {
   stop_worker();
   for (auto& t : threads_)

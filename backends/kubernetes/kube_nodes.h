@@ -82,6 +82,7 @@ class KubeNodes final : public live::ClusterNodes<KubePod> {
   void prepare(Command& c) override;
   bool carry_out(const Command& c) override;
   void on_idle() override;  // every second: pods pending too long are given up
+  void job_over() override;  // deletes the agents' token Secret
   void watch_loop(const std::string& resource);
   void on_pod(const std::string& type, const nlohmann::json& pod);
   void on_node(const std::string& type, const nlohmann::json& node);

@@ -35,6 +35,9 @@ class NodeProvider {
   virtual std::vector<LostNode> lost() = 0;
   // The job is over: wait up to timeout_ms for nodes to leave on their own, then stop the rest.
   virtual void shut_down(int timeout_ms) = 0;
+  // The job has ended for good (not a master leaving to be resumed), after shut_down: remove what
+  // only its nodes needed (the agents' token Secret on Kubernetes).
+  virtual void job_over() {}
   // The machine under this node is bad (a hardware diagnosis, a failed node check): place no more
   // nodes on it. Providers that do not choose machines (the local one) have nothing to do.
   virtual void exclude(const std::string& name) { (void)name; }

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -70,6 +71,9 @@ class Emulator:
 
     def pods(self):
         return {p["metadata"]["name"]: p for p in self.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"]}
+
+    def secrets(self):
+        return [s["metadata"]["name"] for s in self.ok("GET", f"/api/v1/namespaces/{NS}/secrets")["items"]]
 
     def created(self):
         return [r["body"] for r in self.ok("GET", "/_emulator/requests")
@@ -163,11 +167,16 @@ class KubeBackendTest(unittest.TestCase):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160))
 
+        secrets = []
+
         def oom():
             run.wait_for_step(40)
+            secrets.extend(emu.secrets())
             emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 1)})
 
         self.assertEqual(run.run_while(oom), 0, run.diag())
+        self.assertEqual(len(secrets), 1, "the agents' token is a Secret while the job runs")
+        self.assertEqual(emu.secrets(), [], "and is deleted when it ends")
         ev = run.events()
         failures = of_type(ev, "failure_observed")
         self.assertEqual(len(failures), 1, failures)
@@ -353,6 +362,34 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual(len(created), 3)
         self.assertNotIn("affinity", created[-1]["spec"], "the node stays usable: no NotIn affinity")
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
+    def test_a_master_sent_sigterm_leaves_its_pods_training_and_resumes_from_its_log(self):
+        # What the manifest's master does when Kubernetes evicts its pod or drains its node
+        # (--detach-on-sigterm): it exits 3, "run me again with --resume", leaving the job's pods
+        # and token Secret; the trainers train on; the master run again takes them back.
+        emu = Emulator(self)
+        run = LiveRun(self, kube_spec(emu, total_steps=200))
+        run.args.append("--detach-on-sigterm")
+        proc = subprocess.Popen(run.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            run.wait_for_step(40)
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=30), 3)
+            self.assertIn("the master leaves, its agents keep training", proc.stderr.read())
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stderr.close()
+        pods = emu.pods()
+        self.assertEqual(sorted(p["status"]["phase"] for p in pods.values()), ["Running", "Running"])
+        self.assertEqual(len(emu.secrets()), 1, "the job is not over: its token stays")
+        self.assertEqual(run.run(resume=True), 0, run.diag())
+        ev = run.events()
+        self.assertEqual(len(of_type(ev, "restart_job")), 1, "no trainer was restarted")
+        self.assertEqual(of_type(ev, "failure_observed"), [])
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        self.assertEqual(len(emu.created()), 2, "the resumed master took the same pods back")
+        self.assertEqual(emu.secrets(), [])
 
     def test_a_trainer_command_that_cannot_run_fails_the_job_at_once(self):
         # The same mistake as on the local backend (tests/python/test_live.py), through pods: the

@@ -397,7 +397,7 @@ class Handler(harness.Handler):
             return self.reply(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
                 res("pods", "Pod", True, ["create", "delete", "get", "list", "patch", "watch"]),
                 res("nodes", "Node", False, ["get", "list", "watch"]),
-                res("secrets", "Secret", True, ["create", "get"])]})
+                res("secrets", "Secret", True, ["create", "delete", "get", "list"])]})
         # /api/v1/namespaces/{ns}/{resource}[/{name}] and /api/v1/{nodes,pods}[/{name}]
         if parts[:2] != ["api", "v1"]:
             return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
@@ -416,6 +416,24 @@ class Handler(harness.Handler):
                     return self.reply(409, status(409, "AlreadyExists", f'secrets "{key[1]}" already exists'))
                 c.secrets[key] = body
             return self.reply(201, body)
+        if resource == "secrets" and ns and method == "GET" and name is None:
+            with c.lock:
+                items = [copy.deepcopy(s) for (n, _), s in sorted(c.secrets.items()) if n == ns]
+            return self.reply(200, {"kind": "SecretList", "apiVersion": "v1",
+                                    "metadata": {"resourceVersion": str(c.rv)}, "items": items})
+        if resource == "secrets" and ns and name and method in ("GET", "DELETE"):
+            with c.lock:
+                secret = c.secrets.get((ns, name))
+                if secret is not None and method == "DELETE":
+                    del c.secrets[(ns, name)]
+            if secret is None:
+                return self.reply(404, status(404, "NotFound", f'secrets "{name}" not found',
+                                              {"name": name, "kind": "secrets"}))
+            if method == "GET":
+                return self.reply(200, secret)
+            # A Secret has no graceful deletion: the API answers with a Status, not the object.
+            return self.reply(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                    "details": {"name": name, "kind": "secrets"}})
         if resource not in ("pods", "nodes"):
             return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
         if method == "GET" and name is None and q.get("watch") in ("true", "1"):
