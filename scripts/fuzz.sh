@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers with libFuzzer (Debian clang) under ASan+UBSan: traces, policy JSON, event-log
-# lines, checkpoint files, the live master's agent API, job specs, and the Ray dashboard's and the
+# lines, checkpoint files, the live master's agent API, job specs, the history importers (Kubernetes, sacct), and the Ray dashboard's and the
 # Kubernetes API's answers (watch frames, pods, nodes, YAML). Seeds come from the shipped traces and policies, a replay's event log
 # and a real checkpoint. First replays every saved regression input, then fuzzes each target for
 # $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
@@ -12,7 +12,7 @@ seconds=${1:-60}
 CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGOODPUT_FUZZ=ON >/dev/null
 cmake --build build-fuzz
 corpus=build-fuzz/corpus
-mkdir -p "$corpus"/{trace,policy,event,checkpoint,api,backend,http}
+mkdir -p "$corpus"/{trace,policy,event,checkpoint,api,backend,http,import}
 cp traces/*.jsonl "$corpus/trace/"
 cp examples/policies/*.json "$corpus/policy/"
 # Job specs, and the Ray dashboard's answers as the fixtures show them (read from shared/, not copied in).
@@ -21,6 +21,12 @@ cp examples/pytorch/ps-job.json "$corpus/backend/ps-job.json"
 cp examples/unified/*.json "$corpus/backend/"
 if [ -d ../shared/data/ray ]; then cp ../shared/data/ray/*.json "$corpus/backend/"; fi
 if [ -d ../shared/data/k8s ]; then cp ../shared/data/k8s/*.json ../shared/data/k8s/*.ndjson ../shared/data/k8s/*.yaml "$corpus/backend/"; fi
+# History importers: the first byte picks one ('0' Kubernetes objects and watch streams, '1' sacct).
+if [ -d ../shared/data/k8s ]; then
+  for f in ../shared/data/k8s/*.json ../shared/data/k8s/*.ndjson; do { printf 0; cat "$f"; } > "$corpus/import/k8s-$(basename "$f")"; done
+fi
+printf '1JobID|State|ExitCode|NNodes|NodeList|Start|End\n7|NODE_FAIL|0:0|2|gpu[01-02]|2026-03-01T00:00:00|2026-03-01T02:00:00\n7.0|FAILED|1:0|1|gpu01|2026-03-01T00:00:00|2026-03-01T01:00:00\n8|OUT_OF_MEMORY|0:125|1|gpu03|2026-03-01T03:00:00|2026-03-01T04:00:00\n' \
+  > "$corpus/import/sacct"
 # Event lines and a checkpoint file, made by the regular build (scripts/build.sh build).
 if [ -x build/goodput ]; then
   rm -f "$corpus/events.db"
@@ -65,7 +71,7 @@ printf 'POST /v1/inject HTTP/1.1\r\nAuthorization: Bearer t\r\nContent-Length: 9
 printf 'GET /status HTTP/1.1\r\nX-Big: %s\r\n\r\n' "$(head -c 17000 /dev/zero | tr '\0' a)" > "$corpus/http/big-header"
 printf 'GET /metrics HTTP/1.0\r\n\r\n' > "$corpus/http/metrics"
 status=0
-for t in trace policy event checkpoint api backend http; do
+for t in trace policy event checkpoint api backend http import; do
   mkdir -p "build-fuzz/crashes/$t"
   if compgen -G "fuzz/regressions/$t/*" >/dev/null; then
     echo "fuzz_$t: replaying fuzz/regressions/$t"

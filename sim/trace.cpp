@@ -34,6 +34,7 @@ void read_cluster(ConfigReader& r, ClusterSpec& c) {
   c.spare_nodes = static_cast<int32_t>(r.integer("spare_nodes", c.spare_nodes, 0, 1'000'000));
   c.repair_time = r.duration("repair_time", c.repair_time);
   c.check_time = r.duration("check_time", c.check_time);
+  c.node_hours = r.number("node_hours", 0, 0, 1e15);
   r.finish();
 }
 
@@ -67,6 +68,14 @@ FailureRate read_rate(ConfigReader& r) {
   f.per_node_hour = r.number("per_node_hour", -1, 0, 1e6);
   if (f.per_node_hour < 0) r.fail("per_node_hour", "is missing");
   f.exit_code = static_cast<int32_t>(r.integer("exit_code", 1, -1000, 1000));
+  f.count = r.integer("count", -1, 0, int64_t{1} << 50);
+  if (const nlohmann::json* ci = r.child("ci95")) {
+    if (!ci->is_array() || ci->size() != 2 || !(*ci)[0].is_number() || !(*ci)[1].is_number() ||
+        (*ci)[0].get<double>() < 0 || (*ci)[1].get<double>() < (*ci)[0].get<double>())
+      r.fail("ci95", "must be [low, high], 0 <= low <= high");
+    f.ci_lo = (*ci)[0].get<double>();
+    f.ci_hi = (*ci)[1].get<double>();
+  }
   if (f.type == TraceEventType::Pause) {
     f.duration = r.duration("duration", 0);
     if (f.duration <= 0) r.fail("duration", "is missing (how long each pause lasts)");
@@ -246,6 +255,7 @@ std::string write_trace(const Trace& t) {
                   {"spare_nodes", t.cluster.spare_nodes},
                   {"repair_time", dur(t.cluster.repair_time)},
                   {"check_time", dur(t.cluster.check_time)}};
+  if (t.cluster.node_hours > 0) h["cluster"]["node_hours"] = t.cluster.node_hours;
   nlohmann::ordered_json job = {{"name", t.job.name}, {"step_time", dur(t.job.step_time)}};
   if (t.job.total_steps) job["total_steps"] = t.job.total_steps;
   if (t.job.duration) job["duration"] = dur(t.job.duration);
@@ -265,6 +275,8 @@ std::string write_trace(const Trace& t) {
       nlohmann::ordered_json x = {{"type", to_string(r.type)}, {"reason", r.reason}, {"per_node_hour", r.per_node_hour}};
       if (r.type == TraceEventType::ProcessCrash) x["exit_code"] = r.exit_code;
       if (r.type == TraceEventType::Pause) x["duration"] = dur(r.duration);
+      if (r.count >= 0) x["count"] = r.count;
+      if (r.ci_lo >= 0) x["ci95"] = {r.ci_lo, r.ci_hi};
       rates.push_back(x);
     }
   }

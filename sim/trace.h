@@ -28,6 +28,9 @@ struct ClusterSpec {
   // A machine given back for repeated software errors (no hardware fault behind them) passes a
   // node check and is back in the pool after this, not after a repair.
   Duration check_time = 10 * kMinute;
+  // Node-hours of running trainers the events were observed over, when that is not nodes x
+  // duration (an imported history of many jobs, idle machines not counted); 0: nodes x duration.
+  double node_hours = 0;
 };
 
 struct JobSpec {
@@ -93,6 +96,10 @@ struct FailureRate {
   double per_node_hour = 0;
   int32_t exit_code = 1;
   Duration duration = 0;  // pause: how long each lasts
+  // Fitted rates (`goodput trace fit`) say what they rest on: the events counted and the 95%
+  // interval of the rate (-1: not given). For people; drawing uses per_node_hour alone.
+  int64_t count = -1;
+  double ci_lo = -1, ci_hi = -1;
 };
 
 struct Trace {

@@ -257,6 +257,7 @@ TEST_CASE("each layer includes only from the layers below it") {
       {"net", {"net"}},
       {"agent", {"agent", "net"}},
       {"backends", {"engine", "report", "policies", "net", "backends"}},
+      {"import", {"engine", "report", "policies", "sim", "net", "backends", "import"}},
   };
   const std::regex include(R"re(^\s*#\s*include\s+"([a-z_]+)/)re");
   int checked = 0;

@@ -37,13 +37,6 @@ const json& list(const json& j, const char* key) {
   return v.is_array() ? v : kEmpty;
 }
 
-std::string describe(const json& terminated) {
-  std::string s = "reason=" + str(terminated, "reason", "?") + " exitCode=" + std::to_string(num(terminated, "exitCode"));
-  if (num(terminated, "signal") != 0) s += " signal=" + std::to_string(num(terminated, "signal"));
-  const std::string msg = str(terminated, "message");
-  if (!msg.empty()) s += ": " + msg;
-  return s;
-}
 
 std::string base64(const std::string& in) {
   std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
@@ -65,6 +58,14 @@ std::string dns_label(const std::string& s) {
 
 }  // namespace
 
+std::string describe_termination(const json& terminated) {
+  std::string s = "reason=" + str(terminated, "reason", "?") + " exitCode=" + std::to_string(num(terminated, "exitCode"));
+  if (num(terminated, "signal") != 0) s += " signal=" + std::to_string(num(terminated, "signal"));
+  const std::string msg = str(terminated, "message");
+  if (!msg.empty()) s += ": " + msg;
+  return s;
+}
+
 std::optional<PodTrouble> pod_trouble(const json& pod) {
   const json& status = field(pod, "status");
   const std::string phase = str(status, "phase");
@@ -81,18 +82,18 @@ std::optional<PodTrouble> pod_trouble(const json& pod) {
           return PodTrouble{"container " + name + " cannot start: " + why + ": " + str(waiting, "message"), true};
         if (why == "CrashLoopBackOff") {
           std::string r = "container " + name + " CrashLoopBackOff";
-          if (last.is_object()) r += "; last exit: " + describe(last);
+          if (last.is_object()) r += "; last exit: " + describe_termination(last);
           return PodTrouble{r, false};
         }
       }
       // The runtime's `reason` comes first: OOMKilled is an OOM whatever the exit code says.
       if (const json& t = field(state, "terminated"); t.is_object()) {
         if (num(t, "exitCode") != 0 || str(t, "reason") != "Completed" || phase == "Failed")
-          found = PodTrouble{"container " + name + " terminated: " + describe(t), false};
+          found = PodTrouble{"container " + name + " terminated: " + describe_termination(t), false};
       } else if (num(cs, "restartCount") > 0 && last.is_object()) {
         // Restarted by the kubelet already: the failure is in lastState.
         found = PodTrouble{"container " + name + " restarted " + std::to_string(num(cs, "restartCount")) +
-                               " times; last exit: " + describe(last),
+                               " times; last exit: " + describe_termination(last),
                            false};
       }
     }

@@ -40,6 +40,8 @@ struct PodTrouble {
 // What is wrong with a pod, if anything (a running or pending pod is fine; one that completed
 // is reported as such).
 std::optional<PodTrouble> pod_trouble(const nlohmann::json& pod);
+// A container's terminated state in one line: "reason=OOMKilled exitCode=137 signal=9: message".
+std::string describe_termination(const nlohmann::json& terminated);
 // Why a node can no longer run pods, if it cannot.
 std::optional<std::string> node_trouble(const nlohmann::json& node);
 // A pod's status in one line, for the log: phase, where it runs, each container's state

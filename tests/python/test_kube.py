@@ -167,11 +167,12 @@ class KubeBackendTest(unittest.TestCase):
         emu = Emulator(self)
         run = LiveRun(self, kube_spec(emu, total_steps=160))
 
-        secrets = []
+        secrets, versions = [], []
 
         def oom():
             run.wait_for_step(40)
             secrets.extend(emu.secrets())
+            versions.append(emu.ok("GET", f"/api/v1/namespaces/{NS}/pods")["metadata"]["resourceVersion"])
             emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": emu.pod_of_slot(run, 1)})
 
         self.assertEqual(run.run_while(oom), 0, run.diag())
@@ -183,6 +184,25 @@ class KubeBackendTest(unittest.TestCase):
         # The fixture's status: reason OOMKilled with exit code 1 (not 137): the reason decides.
         self.assertIn("reason=OOMKilled exitCode=1", failures[0]["reason"])
         self.assertEqual(decisions(ev), [("out_of_memory", "relaunch_with_more_memory", 1500)])
+        # The cluster's own history of the run (the pods' watch stream from before the OOM, saved
+        # as NDJSON), imported as a trace, replays with the live master's diagnosis and action.
+        stream = os.path.join(run.dir, "pods.ndjson")
+        with urllib.request.urlopen(f"{emu.url}/api/v1/namespaces/{NS}/pods?watch=1&resourceVersion={versions[0]}"
+                                    "&timeoutSeconds=1", timeout=30) as r, open(stream, "wb") as f:
+            f.write(r.read())
+        history = os.path.join(run.dir, "history.jsonl")
+        imported = subprocess.run([GOODPUT, "trace", "import", "--from", "k8s", stream, "-o", history,
+                                   "--cost-model", run.db],  # how long a restart takes here: the run's own medians
+                                  capture_output=True, text=True)
+        self.assertEqual(imported.returncode, 0, imported.stderr)
+        self.assertIn("1 failures (1 process_crash)", imported.stderr)
+        replay_db = os.path.join(run.dir, "history.db")
+        subprocess.run([GOODPUT, "replay", history, "--events", replay_db, "--policy",
+                        os.path.join(ROOT, "examples/pytorch/policy.json")], capture_output=True, text=True, check=True)
+        out = subprocess.run([GOODPUT, "report", replay_db, "--format", "events"], capture_output=True, text=True,
+                             check=True)
+        self.assertEqual([d[:2] for d in decisions([json.loads(l) for l in out.stdout.splitlines()])],
+                         [("out_of_memory", "relaunch_with_more_memory")])
         created = emu.created()
         self.assertEqual(len(created), 3)
         limits = [c["spec"]["containers"][0]["resources"]["limits"]["memory"] for c in created]
