@@ -50,38 +50,91 @@ Duration duration_arg(const std::string& flag, const std::string& v) {
   return *d;
 }
 
+// "out.jsonl" -> "out.nodes-8.jsonl": one file per job size.
+std::string sized_path(const std::string& out, int32_t nodes) {
+  const std::string ext = ".jsonl";
+  const bool has = out.size() > ext.size() && out.compare(out.size() - ext.size(), ext.size(), ext) == 0;
+  return (has ? out.substr(0, out.size() - ext.size()) : out) + ".nodes-" + std::to_string(nodes) + ext;
+}
+
 }  // namespace
 
 void add_trace_tools(CLI::App* trace, int& rc) {
-  static std::string from, out, step_time = "1s", cost_model;
+  static std::string from, out, step_time = "1s", cost_model, cluster;
   static std::vector<std::string> inputs;
-  auto* imp = trace->add_subcommand("import", "Make a trace of a cluster's own history (Kubernetes, Slurm)");
+  static bool split_by_size = false;
+  static int32_t gpus_per_node = 8;
+  auto* imp = trace->add_subcommand("import", "Make a trace of a cluster's own history (Kubernetes, Slurm, Alibaba PAI 2020, AcmeTrace)");
   imp->add_option("--from", from, "What the files are: k8s (kubectl get pods/nodes/events -o json, or a watch stream "
-                                  "as NDJSON) or slurm (sacct --parsable2, see traces/SCHEMA.md)")
+                                  "as NDJSON), slurm (sacct --parsable2, see traces/SCHEMA.md), pai2020 (Alibaba's "
+                                  "pai_instance_table.csv) or acme (AcmeTrace's trace_seren.csv / trace_kalos.csv, or "
+                                  "cluster_summary.csv with --cluster)")
       ->required()
-      ->check(CLI::IsMember({"k8s", "slurm"}));
+      ->check(CLI::IsMember({"k8s", "slurm", "pai2020", "acme"}));
   imp->add_option("files", inputs, "Input files")->required()->check(CLI::ExistingFile);
   imp->add_option("-o,--output", out, "The trace (default: stdout)");
+  imp->add_flag("--split-by-size", split_by_size,
+                "One trace per job size (OUT.nodes-N.jsonl, each with cluster.job_nodes), so goodput trace fit gives "
+                "MTBF by job size; needs -o (slurm, pai2020, acme)");
+  imp->add_option("--cluster", cluster, "acme cluster_summary.csv: which cluster's row (Seren, Kalos, ...)");
+  imp->add_option("--gpus-per-node", gpus_per_node, "acme cluster_summary.csv: GPUs per node, to turn GPU time into node-hours")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   imp->add_option("--step-time", step_time, "The job's step time, for the trace's cost model")->capture_default_str();
   imp->add_option("--cost-model", cost_model, "Take the job's cost model (step, restart, placement, rendezvous, detection "
                                               "times) from this trace or event log (its measured medians), not the defaults")
       ->check(CLI::ExistingFile);
   imp->callback([&rc] {
-    std::string summary;
     const Duration step = duration_arg("step-time", step_time);
-    Trace t = from == "k8s" ? kube::import_history(inputs, step, &summary) : import_slurm(inputs, step, &summary);
-    if (!cost_model.empty()) {  // a history says what failed and when; how long recovering takes, a run measured
-      JobSpec job = load_any(cost_model).job;
-      job.duration = t.job.duration;
-      job.total_steps = 0;
-      job.measured_process_restart.clear();
-      job.measured_rendezvous.clear();
-      t.job = job;
+    if (split_by_size && (out.empty() || out == "-")) throw TraceError("--split-by-size writes one file per size: give -o");
+    if (split_by_size && from == "k8s") throw TraceError("--split-by-size: a Kubernetes history does not say how big each job was");
+    auto finish = [&](Trace t, const std::string& path, const std::string& summary) {
+      if (!cost_model.empty()) {  // a history says what failed and when; how long recovering takes, a run measured
+        JobSpec job = load_any(cost_model).job;
+        job.duration = t.job.duration;
+        job.total_steps = 0;
+        job.measured_process_restart.clear();
+        job.measured_rendezvous.clear();
+        t.job = job;
+      } else {
+        t.job.step_time = step;
+      }
+      const std::string text = write_trace(t);
+      parse_trace(text, path.empty() ? "(output)" : path);  // what it writes, `trace validate` accepts
+      write_out(path, text);
+      std::cerr << (path.empty() ? "trace" : path) << ": " << summary << "\n";
+    };
+    const bool summary_file = from == "acme" && inputs.size() == 1 && is_acme_summary(inputs.front());
+    if (!cluster.empty() && !summary_file) throw TraceError("--cluster: only for AcmeTrace's cluster_summary.csv");
+    if (summary_file) {
+      if (cluster.empty()) throw TraceError(inputs.front() + ": a summary of several clusters: pick one with --cluster NAME");
+      if (split_by_size) throw TraceError("--split-by-size: cluster_summary.csv has no job sizes");
+      std::string summary;
+      Trace t = import_acme_summary(inputs.front(), cluster, gpus_per_node, &summary);
+      finish(std::move(t), out, summary);
+      rc = 0;
+      return;
     }
-    const std::string text = write_trace(t);
-    parse_trace(text, out.empty() ? "(output)" : out);  // what it writes, `trace validate` accepts
-    write_out(out, text);
-    std::cerr << (out.empty() ? "trace" : out) << ": " << summary << "\n";
+    const TraceBuilder b = from == "k8s"     ? kube::import_history(inputs)
+                           : from == "slurm" ? import_slurm(inputs)
+                           : from == "pai2020" ? import_pai2020(inputs)
+                                               : import_acme(inputs);
+    if (!split_by_size) {
+      finish(b.build(step), out, b.summary());
+    } else {
+      const std::vector<int32_t> sizes = b.sizes();
+      if (sizes.empty()) throw TraceError("--split-by-size: no job in the history has a size");
+      for (int32_t n : sizes) {
+        const Trace t = b.build(step, n);
+        int64_t failures = 0;
+        for (const auto& e : t.events) failures += e.type != TraceEventType::NodeReturn;
+        char hours[64];
+        std::snprintf(hours, sizeof hours, "%.1f", t.cluster.node_hours);
+        finish(t, sized_path(out, n), "jobs of " + std::to_string(n) + " nodes: " + std::to_string(failures) +
+                                          " failures over " + hours + " node-hours");
+      }
+      std::cerr << "all: " << b.summary() << "\n";
+    }
     rc = 0;
   });
 

@@ -44,7 +44,7 @@ int32_t number_after(const std::string& s, const std::string& key) {
 
 class History {
  public:
-  explicit History(Duration step_time) : step_time_(step_time) {
+  History() {
     b_.name = "kubernetes history";
     b_.source = "goodput trace import --from k8s";
   }
@@ -102,16 +102,14 @@ class History {
     document(j);
   }
 
-  Trace build(std::string* summary) {
+  TraceBuilder finish() {
     // A pod's exposure: from its start to its end, or to the last moment the history shows.
     for (const auto& [key, span] : spans_) {
       if (span.start == INT64_MAX) continue;
       const int64_t end = span.end != INT64_MIN ? span.end : b_.last_ns;
       if (end > span.start) b_.node_hours += static_cast<double>(end - span.start) / 3.6e12;
     }
-    Trace t = b_.build(step_time_);
-    if (summary) *summary = b_.summary();
-    return t;
+    return std::move(b_);
   }
 
  private:
@@ -144,7 +142,7 @@ class History {
     e.event.reason = std::move(reason);
     e.event.exit_code = exit_code;
     e.event.signal = signal;
-    b_.machines[machine] = true;
+    b_.machines.insert(machine);
     b_.events.push_back(std::move(e));
   }
 
@@ -194,7 +192,7 @@ class History {
       if (unscheduled_.insert(key).second) ++b_.skipped["pods never scheduled"];
       return;
     }
-    b_.machines[machine] = true;
+    b_.machines.insert(machine);
     Span& span = spans_[key];
     span.machine = machine;
     if (auto s = time(status, "startTime", "status.", whose)) span.start = std::min(span.start, *s);
@@ -257,7 +255,7 @@ class History {
     const std::string name = text(meta, "name");
     if (name.empty()) throw fail("field 'metadata.name' of a node is missing");
     const std::string whose = "node " + name;
-    b_.machines[name] = true;
+    b_.machines.insert(name);
     const auto created = time(meta, "creationTimestamp", "metadata.", whose);
     std::optional<int64_t> when;
     for (const json& c : items(at(n, "status"), "conditions")) {
@@ -312,7 +310,6 @@ class History {
     ++b_.skipped["events of other reasons"];
   }
 
-  Duration step_time_;
   TraceBuilder b_;
   std::string file_;
   int line_ = 0;
@@ -323,10 +320,10 @@ class History {
 
 }  // namespace
 
-Trace import_history(const std::vector<std::string>& files, Duration step_time, std::string* summary) {
-  History h(step_time);
+TraceBuilder import_history(const std::vector<std::string>& files) {
+  History h;
   for (const std::string& f : files) h.read(f);
-  return h.build(summary);
+  return h.finish();
 }
 
 }  // namespace goodput::kube

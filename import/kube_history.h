@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "sim/trace.h"
+#include "sim/trace_import.h"
 
 namespace goodput::kube {
 
 // Throws TraceError naming the file, the line (NDJSON) and the field.
-Trace import_history(const std::vector<std::string>& files, Duration step_time, std::string* summary = nullptr);
+TraceBuilder import_history(const std::vector<std::string>& files);
 
 }  // namespace goodput::kube

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers with libFuzzer (Debian clang) under ASan+UBSan: traces, policy JSON, event-log
-# lines, checkpoint files, the live master's agent API, job specs, the history importers (Kubernetes, sacct), and the Ray dashboard's and the
+# lines, checkpoint files, the live master's agent API, job specs, the history importers (Kubernetes, sacct, PAI 2020, AcmeTrace), and the Ray dashboard's and the
 # Kubernetes API's answers (watch frames, pods, nodes, YAML). Seeds come from the shipped traces and policies, a replay's event log
 # and a real checkpoint. First replays every saved regression input, then fuzzes each target for
 # $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
@@ -21,12 +21,18 @@ cp examples/pytorch/ps-job.json "$corpus/backend/ps-job.json"
 cp examples/unified/*.json "$corpus/backend/"
 if [ -d ../shared/data/ray ]; then cp ../shared/data/ray/*.json "$corpus/backend/"; fi
 if [ -d ../shared/data/k8s ]; then cp ../shared/data/k8s/*.json ../shared/data/k8s/*.ndjson ../shared/data/k8s/*.yaml "$corpus/backend/"; fi
-# History importers: the first byte picks one ('0' Kubernetes objects and watch streams, '1' sacct).
+# History importers: the first byte picks one ('0' Kubernetes objects and watch streams, '1' sacct,
+# '2' PAI 2020 instances, '3' an AcmeTrace job trace, '4' AcmeTrace's cluster summary).
 if [ -d ../shared/data/k8s ]; then
   for f in ../shared/data/k8s/*.json ../shared/data/k8s/*.ndjson; do { printf 0; cat "$f"; } > "$corpus/import/k8s-$(basename "$f")"; done
 fi
 printf '1JobID|State|ExitCode|NNodes|NodeList|Start|End\n7|NODE_FAIL|0:0|2|gpu[01-02]|2026-03-01T00:00:00|2026-03-01T02:00:00\n7.0|FAILED|1:0|1|gpu01|2026-03-01T00:00:00|2026-03-01T01:00:00\n8|OUT_OF_MEMORY|0:125|1|gpu03|2026-03-01T03:00:00|2026-03-01T04:00:00\n' \
   > "$corpus/import/sacct"
+printf '2af72,worker,i0,w0,id0,Failed,2081336.0,2083889.0,m1\naf72,worker,i1,w1,id0,Terminated,2081336.0,2083000.5,m2\nb0,ps,i2,w2,id1,Waiting,,,\n' \
+  > "$corpus/import/pai2020"
+printf '3job_id,user,node_num,gpu_num,cpu_num,mem_per_pod_GB,shared_mem_per_pod,type,state,submit_time,start_time,end_time,fail_time,stop_time,duration,queue,gpu_time\ndlctk,uf794,8,64,960,1000,100.0,Other,FAILED,2023-05-17 11:00:58+00:00,2023-05-17 11:01:08+00:00,2023-05-17 11:01:16+00:00,2023-05-17 11:01:16+00:00,,18,10.0,1152.0\n' \
+  > "$corpus/import/acme"
+if [ -f ../shared/data/acmetrace/cluster_summary.csv ]; then { printf 4; cat ../shared/data/acmetrace/cluster_summary.csv; } > "$corpus/import/acme-summary"; fi
 # Event lines and a checkpoint file, made by the regular build (scripts/build.sh build).
 if [ -x build/goodput ]; then
   rm -f "$corpus/events.db"

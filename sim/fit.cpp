@@ -87,8 +87,23 @@ TraceFit fit_traces(const std::vector<Trace>& traces, const std::vector<bool>& f
     fit.node_hours += hours;
     fit.largest_nodes = std::max(fit.largest_nodes, t.cluster.nodes);
     fit.longest = std::max(fit.longest, t.job.duration);
-    auto& size = by_size[t.cluster.nodes];
+    auto& size = by_size[t.cluster.job_nodes > 0 ? t.cluster.job_nodes : t.cluster.nodes];
     size.first += hours;
+    if (t.events.empty()) {  // a header of counted rates (an earlier fit, a published summary): its counts
+      for (const FailureRate& r : t.rates) {
+        if (r.count <= 0) continue;
+        FailureObserved f;
+        f.kind = kind_of(r.type);
+        f.exit_code = r.type == TraceEventType::ProcessCrash ? r.exit_code : 0;
+        f.reason = r.reason;
+        Acc& a = causes[{r.type, table.diagnose(f).diagnosis, by_reason ? r.reason : std::string()}];
+        a.count += r.count;
+        a.reasons[r.reason] += r.count;
+        a.exit_codes[r.exit_code] += r.count;
+        if (r.type == TraceEventType::Pause) a.durations.push_back(r.duration);
+        if (is_failure(r.type)) size.second += r.count, fit.failures += r.count;
+      }
+    }
     for (const TraceEvent& e : t.events) {
       if (!is_failure(e.type) && e.type != TraceEventType::Pause) continue;
       FailureObserved f;

@@ -49,6 +49,9 @@ struct TraceFit {
   ClusterSpec cluster;           // the first input's (accelerators per node, repair and check times)
 };
 
+// A trace's events are counted; a trace with no events counts its rates' `count`s (an earlier
+// fit's header, an imported published summary), so fits pool. A trace's job size, for MTBF by
+// size, is its `cluster.job_nodes`, else its `nodes`.
 // by_reason: one cause per (type, diagnosis, reason) instead of per (type, diagnosis).
 // Throws TraceError if there is nothing to fit (no node-hours).
 TraceFit fit_traces(const std::vector<Trace>& traces, const std::vector<bool>& from_log, bool by_reason = false);

@@ -35,6 +35,7 @@ void read_cluster(ConfigReader& r, ClusterSpec& c) {
   c.repair_time = r.duration("repair_time", c.repair_time);
   c.check_time = r.duration("check_time", c.check_time);
   c.node_hours = r.number("node_hours", 0, 0, 1e15);
+  c.job_nodes = static_cast<int32_t>(r.integer("job_nodes", 0, 1, 1'000'000));
   r.finish();
 }
 
@@ -256,6 +257,7 @@ std::string write_trace(const Trace& t) {
                   {"repair_time", dur(t.cluster.repair_time)},
                   {"check_time", dur(t.cluster.check_time)}};
   if (t.cluster.node_hours > 0) h["cluster"]["node_hours"] = t.cluster.node_hours;
+  if (t.cluster.job_nodes > 0) h["cluster"]["job_nodes"] = t.cluster.job_nodes;
   nlohmann::ordered_json job = {{"name", t.job.name}, {"step_time", dur(t.job.step_time)}};
   if (t.job.total_steps) job["total_steps"] = t.job.total_steps;
   if (t.job.duration) job["duration"] = dur(t.job.duration);

@@ -31,6 +31,9 @@ struct ClusterSpec {
   // Node-hours of running trainers the events were observed over, when that is not nodes x
   // duration (an imported history of many jobs, idle machines not counted); 0: nodes x duration.
   double node_hours = 0;
+  // The size of the jobs an imported history's failures and exposure come from, when it is split
+  // by job size (`trace import --split-by-size`); 0: `nodes`. `trace fit` gives MTBF by this size.
+  int32_t job_nodes = 0;
 };
 
 struct JobSpec {
