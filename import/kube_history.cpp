@@ -4,7 +4,6 @@
 #include <cctype>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "backends/kubernetes/kube_nodes.h"
 #include "sim/trace_import.h"
@@ -86,14 +85,27 @@ class History {
     }
     in.clear();
     in.seekg(start);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string doc = ss.str();
+    // One document, read as a stream: each item of a list that names its own kind (kubectl prints
+    // them so) is taken as the parser finishes it and then dropped, so a dump of a whole cluster's
+    // pods never sits in memory as one tree. Items without a kind wait for the list's.
+    std::string top_key;
+    const json::parser_callback_t take = [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::key && depth == 1) top_key = parsed.get<std::string>();
+      if (event == json::parse_event_t::object_end && depth == 2 && top_key == "items" && parsed.is_object() &&
+          parsed.contains("kind")) {
+        object(parsed, "");
+        return false;
+      }
+      return true;
+    };
     json j;
     try {
-      j = json::parse(doc);
+      j = json::parse(in, take);
     } catch (const json::parse_error& e) {
-      line_ = 1 + static_cast<int>(std::count(doc.begin(), doc.begin() + static_cast<std::ptrdiff_t>(std::min(e.byte, doc.size())), '\n'));
+      std::ifstream again(file);
+      line_ = 1;
+      for (size_t i = 0; i < e.byte && again; ++i)
+        if (again.get() == '\n') ++line_;
       throw fail(std::string("not valid JSON: ") + e.what());
     } catch (const json::exception& e) {
       throw fail(std::string("not valid JSON: ") + e.what());

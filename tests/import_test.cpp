@@ -176,6 +176,28 @@ TEST_CASE("k8s: the fixtures' watch stream, node and pods read as the live backe
   const Trace u = built(kube::import_history({as_json(dir, "argo-pod-error.yaml"), as_json(dir, "ih-evicted.yaml")}));
   CHECK(diagnoses(u) == std::map<std::string, int>{{"maintenance/preemption", 1}, {"process_crash/software_error", 1}});
   CHECK(u.cluster.nodes == 2);
+  // The same pods in one `kubectl get pods -o json` document (items before the list's kind, as
+  // kubectl prints it; items taken as the stream parser finishes each), and in a PodList whose items
+  // name no kind (they wait for the list's): the same trace.
+  auto pod_of = [&](const char* name) {
+    std::ifstream in(fixture(name));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return kube::yaml_to_json(ss.str());
+  };
+  const nlohmann::json a = pod_of("argo-pod-error.yaml"), b = pod_of("ih-evicted.yaml");
+  const std::string listed = dir.write("list.json", nlohmann::json{{"apiVersion", "v1"}, {"items", {a, b}}, {"kind", "List"},
+                                                                   {"metadata", nlohmann::json::object()}}.dump(2));
+  nlohmann::json bare_a = a, bare_b = b;
+  bare_a.erase("kind");
+  bare_b.erase("kind");
+  const std::string pod_list = dir.write("podlist.json", nlohmann::json{{"apiVersion", "v1"}, {"items", {bare_a, bare_b}},
+                                                                        {"kind", "PodList"}}.dump());
+  for (const std::string& f : {listed, pod_list}) {
+    Trace v = built(kube::import_history({f}));
+    v.source = u.source;
+    CHECK_MESSAGE(write_trace(v) == write_trace(u), f);
+  }
   // A fixture with a placeholder where a time belongs: refused, naming the field and the pod.
   CHECK_THROWS_WITH_AS(built(kube::import_history({as_json(dir, "ih-oomkilled-unhealthy.yaml")})),
                        doctest::Contains("field 'status.containerStatuses[].lastState.terminated.finishedAt' of pod "
