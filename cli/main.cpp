@@ -11,6 +11,7 @@
 #include "cli/bench.h"
 #include "cli/bench_api.h"
 #include "cli/ckpt.h"
+#include "cli/k8s_convert.h"
 #include "cli/live.h"
 #include "cli/torchrun.h"
 #include "agent/checkpoint/flash_checkpoint.h"
@@ -575,6 +576,7 @@ int main(int argc, char** argv) {
   add_ckpt_commands(app, rc);
   add_live_commands(app, rc);
   add_torchrun_command(app, rc);
+  add_k8s_commands(app, rc);
 
   BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "Benchmarks: core loop, replay, Monte Carlo (ratios against baselines)");

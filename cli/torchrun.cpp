@@ -102,8 +102,8 @@ struct Args {
   }
 };
 
-Args parse(const std::vector<std::string>& argv) {
-  Args a;
+TorchrunLine parse_line(const std::vector<std::string>& argv) {
+  TorchrunLine a;
   const auto& known = known_options();
   size_t i = 0;
   for (; i < argv.size(); ++i) {
@@ -135,11 +135,19 @@ Args parse(const std::vector<std::string>& argv) {
     } else if (!k->second && has_value) {
       throw TorchrunError("option '--" + name + "' takes no value");
     }
-    a.given[name] = value;
+    a.options[name] = value;
   }
   a.program.assign(argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
+  return a;
+}
+
+Args parse(const std::vector<std::string>& argv) {
+  Args a;
+  TorchrunLine line = parse_line(argv);
+  a.given = std::move(line.options);
+  a.program = std::move(line.program);
   // torchrun reads an option it was not given from PET_<NAME> (PET_NPROC_PER_NODE=4).
-  for (const auto& [name, takes_value] : known) {
+  for (const auto& [name, takes_value] : known_options()) {
     std::string env = "PET_" + name;
     std::transform(env.begin(), env.end(), env.begin(), [](char c) { return c == '-' ? '_' : static_cast<char>(std::toupper(c)); });
     if (a.has(name) || name == "help") continue;
@@ -444,6 +452,8 @@ int run_torchrun(const std::vector<std::string>& argv) {
 }
 
 }  // namespace
+
+TorchrunLine parse_torchrun_line(const std::vector<std::string>& argv) { return parse_line(argv); }
 
 void add_torchrun_command(CLI::App& app, int& rc) {
   static std::vector<std::string> rest;

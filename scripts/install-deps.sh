@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config git sqlite3
           libboost1.81-all-dev libsqlite3-dev nlohmann-json3-dev libcli11-dev libeigen3-dev doctest-dev
-          libssl-dev openssl ca-certificates libxxhash-dev libyaml-cpp-dev python3-yaml pybind11-dev python3-dev python3-torch python3-numpy
+          libssl-dev openssl ca-certificates libxxhash-dev libyaml-cpp-dev python3-yaml pybind11-dev python3-dev python3-torch python3-numpy python3-kubernetes
           chromium clang gdb)  # gdb: native stacks of a hung trainer
 missing=()
 for p in "${packages[@]}"; do

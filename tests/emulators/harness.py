@@ -48,6 +48,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self):
         self.route("DELETE")
 
+    def do_PUT(self):
+        self.route("PUT")
+
     def do_PATCH(self):
         self.route("PATCH")
 

@@ -9,6 +9,8 @@ middle of a frame, history compacted so a resume gets 410 Expired, an image that
 The real kubectl is run against the emulator too, so it follows the protocol, not just our client."""
 
 import base64
+import copy
+import datetime
 import json
 import os
 import shutil
@@ -160,6 +162,175 @@ class KubeEmulatorProtocolTest(unittest.TestCase):
         missing = subprocess.run([kubectl, "--server", emu.url, "-n", NS, "get", "pod", "nope"], capture_output=True,
                                  text=True, timeout=30)
         self.assertIn('pods "nope" not found', missing.stderr)
+
+class GoodputJobResourceTest(unittest.TestCase):
+    """The GoodputJob custom resource (backends/kubernetes/deploy/crd.yaml) as Kubernetes users meet it:
+    the real kubectl applies the CRD and the example job, lists them with their printer columns, and
+    is refused what the schema does not allow; the official Python client (python3-kubernetes) writes
+    the status subresource and an Event; deleting the job takes what it owns. The API server is the
+    emulator, in the wire format of the API reference (see kube_objects.py)."""
+
+    def setUp(self):
+        self.kubectl = shutil.which("kubectl")
+        if not self.kubectl:
+            self.skipTest("kubectl is not installed on this machine")
+        self.emu = Emulator(self)
+
+    def kc(self, *args, ok=True):
+        r = subprocess.run([self.kubectl, "--kubeconfig", self.emu.kubeconfig, *args], capture_output=True, text=True,
+                           timeout=60)
+        if ok:
+            self.assertEqual(r.returncode, 0, (args, r.stdout, r.stderr))
+        return r
+
+    def apply_job(self, text):
+        path = os.path.join(self.emu.dir, "job.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        return self.kc("apply", "-f", path, ok=False)
+
+    def test_kubectl_applies_lists_and_refuses_goodputjobs_and_deleting_one_takes_what_it_owns(self):
+        crd = os.path.join(ROOT, "backends", "kubernetes", "deploy", "crd.yaml")
+        example = os.path.join(ROOT, "examples", "unified", "goodputjob.yaml")
+        for manifest in (crd, os.path.join(ROOT, "backends", "kubernetes", "deploy", "goodput.yaml")):
+            dry = self.kc("apply", "--dry-run=client", "-f", manifest)
+            self.assertIn("(dry run)", dry.stdout)
+        self.assertIn("created", self.kc("apply", "-f", crd).stdout)
+        resources = self.kc("api-resources", "--api-group=goodput.dev").stdout
+        self.assertRegex(resources, r"goodputjobs\s+gpj\s+goodput.dev/v1alpha1\s+true\s+GoodputJob")
+        self.assertEqual(self.kc("apply", "-f", example).stdout.strip(), "goodputjob.goodput.dev/llama-ft created")
+        listed = self.kc("get", "goodputjobs").stdout.splitlines()
+        self.assertEqual(listed[0].split(), ["NAME", "PHASE", "NODES", "STEP", "GOODPUT", "RESTARTS", "AGE"])
+        self.assertEqual(listed[1].split()[0], "llama-ft")
+
+        # The schema refuses, through the real kubectl (which sends fieldValidation=Strict), a field it
+        # does not declare and a value out of bounds; nothing is created.
+        with open(example) as f:
+            text = f.read()
+        unknown = self.apply_job(text.replace("name: llama-ft", "name: typo").replace("  nodes: 4", "  nodez: 4"))
+        self.assertNotEqual(unknown.returncode, 0)
+        self.assertIn('strict decoding error: unknown field "spec.nodez"', unknown.stderr)
+        zero = self.apply_job(text.replace("name: llama-ft", "name: zero").replace("  nodes: 4", "  nodes: 0"))
+        self.assertIn("spec.nodes: Invalid value: 0: spec.nodes in body should be greater than or equal to 1",
+                      zero.stderr)
+        no_image = self.apply_job(text.replace("name: llama-ft", "name: noimage").replace(
+            "    image: registry.example/goodput-trainer:1\n", ""))
+        self.assertIn("spec.backend.image: Required value", no_image.stderr)
+        self.assertEqual(self.kc("get", "gpj", "-o", "name").stdout.split(), ["goodputjob.goodput.dev/llama-ft"])
+        # A second apply is a merge patch; the spec's generation moves.
+        self.assertIn("configured", self.apply_job(text.replace("  nodes: 4", "  nodes: 8")).stdout)
+        got = json.loads(self.kc("get", "gpj", "llama-ft", "-o", "json").stdout)
+        self.assertEqual((got["spec"]["nodes"], got["metadata"]["generation"]), (8, 2))
+
+        # The official Python client: the status subresource moves the printer columns; a write to the
+        # object itself leaves the status alone; an Event about the job is what kubectl get events shows.
+        from kubernetes import client, config
+        config.load_kube_config(config_file=self.emu.kubeconfig)
+        crs, core = client.CustomObjectsApi(), client.CoreV1Api()
+        crs.patch_namespaced_custom_object_status("goodput.dev", "v1alpha1", NS, "goodputjobs", "llama-ft", {
+            "status": {"phase": "Running", "nodes": "8/8", "nodes_ready": 8, "nodes_target": 8, "step": 120,
+                       "goodput": "97.5%", "restarts": 1}})
+        row = self.kc("get", "gpj", "llama-ft", "--no-headers").stdout.split()
+        self.assertEqual(row[:6], ["llama-ft", "Running", "8/8", "120", "97.5%", "1"])
+        crs.patch_namespaced_custom_object("goodput.dev", "v1alpha1", NS, "goodputjobs", "llama-ft",
+                                           {"status": {"phase": "Failed"}, "metadata": {"labels": {"team": "llm"}}})
+        job = crs.get_namespaced_custom_object("goodput.dev", "v1alpha1", NS, "goodputjobs", "llama-ft")
+        self.assertEqual((job["status"]["phase"], job["metadata"]["labels"]), ("Running", {"team": "llm"}))
+        owner = client.V1OwnerReference(api_version="goodput.dev/v1alpha1", kind="GoodputJob", name="llama-ft",
+                                        uid=job["metadata"]["uid"], controller=True, block_owner_deletion=True)
+        core.create_namespaced_event(NS, client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name="llama-ft.oom", owner_references=[owner]),
+            involved_object=client.V1ObjectReference(api_version="goodput.dev/v1alpha1", kind="GoodputJob",
+                                                     name="llama-ft", namespace=NS, uid=job["metadata"]["uid"]),
+            reason="Recovering", message="node 2: OOMKilled, relaunched with 1.5x memory", type="Warning",
+            first_timestamp=datetime.datetime.now(datetime.timezone.utc),
+            last_timestamp=datetime.datetime.now(datetime.timezone.utc), count=1))
+        events = self.kc("get", "events").stdout
+        self.assertRegex(events, r"Warning\s+Recovering\s+goodputjob/llama-ft\s+node 2: OOMKilled")
+        # What the job owns: a ConfigMap, and a pod that really runs.
+        core.create_namespaced_config_map(NS, client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name="llama-ft-spec", owner_references=[owner]), data={"job.json": "{}"}))
+        core.create_namespaced_pod(NS, client.V1Pod(
+            metadata=client.V1ObjectMeta(name="llama-ft-master", owner_references=[owner]),
+            spec=client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
+                name="master", image="goodput", command=["/bin/sleep", "600"])])))
+        deadline = time.time() + 20
+        while self.emu.pods()["llama-ft-master"]["status"]["phase"] != "Running" and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertEqual(self.kc("get", "configmaps", "-o", "name").stdout.split(), ["configmap/llama-ft-spec"])
+        self.assertIn("deleted", self.kc("delete", "goodputjob", "llama-ft").stdout)
+        self.assertEqual(self.kc("get", "gpj", "-o", "name").stdout.split(), [])
+        self.assertEqual(self.kc("get", "configmaps", "-o", "name").stdout.split(), [])
+        self.assertEqual(self.kc("get", "events", "-o", "name").stdout.split(), [])
+        self.assertNotIn("llama-ft-master", self.emu.pods())
+        # Deleting the CRD takes its kind away.
+        self.kc("delete", "-f", crd)
+        gone = self.kc("get", "goodputjobs", ok=False)
+        self.assertNotEqual(gone.returncode, 0)
+        self.assertIn("goodputjobs", gone.stderr)  # kubectl's cached discovery may still name it: a 404 either way
+        self.assertEqual(self.emu.call("GET", "/apis/goodput.dev/v1alpha1")[0], 404)
+
+
+    def test_goodput_k8s_convert_turns_a_pytorchjob_into_a_goodputjob_kubectl_applies(self):
+        # A PyTorchJob in the Kubeflow training operator's v1 format (kubeflow.org/v1: a Master and
+        # Workers with a pod template each, nprocPerNode, elasticPolicy, runPolicy), constructed here
+        # from its API reference: no PyTorchJob manifest is in shared/data.
+        worker = {"replicas": 3, "restartPolicy": "OnFailure", "template": {"spec": {
+            "nodeSelector": {"accelerator": "h100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}],
+            "schedulerName": "volcano",
+            "containers": [
+                {"name": "pytorch", "image": "registry.example/llama:2", "imagePullPolicy": "Always",
+                 "command": ["torchrun", "--nnodes=4", "--nproc_per_node", "8", "--rdzv_backend=c10d",
+                             "--rdzv_endpoint=$(MASTER_ADDR):29400", "train.py", "--lr", "3e-4"],
+                 "env": [{"name": "NCCL_DEBUG", "value": "WARN"},
+                         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+                 "resources": {"limits": {"nvidia.com/gpu": 8, "memory": "64Gi", "cpu": "32"}},
+                 "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}], "ports": [{"containerPort": 23456}]},
+                {"name": "log-shipper", "image": "fluent-bit"}]}}}
+        job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+               "metadata": {"name": "llama-pt", "namespace": NS, "labels": {"team": "llm"}},
+               "spec": {"nprocPerNode": "8", "elasticPolicy": {"minReplicas": 2, "maxReplicas": 4, "maxRestarts": 10},
+                        "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 5},
+                        "pytorchReplicaSpecs": {"Master": copy.deepcopy(worker) | {"replicas": 1}, "Worker": worker}}}
+        path = os.path.join(self.emu.dir, "pytorchjob.json")
+        with open(path, "w") as f:
+            json.dump(job, f)
+        converted = subprocess.run([GOODPUT, "k8s", "convert", path, "--format", "json"], capture_output=True,
+                                   text=True, timeout=30)
+        self.assertEqual(converted.returncode, 0, converted.stderr)
+        out = json.loads(converted.stdout)
+        self.assertEqual((out["apiVersion"], out["kind"], out["metadata"]),
+                         ("goodput.dev/v1alpha1", "GoodputJob", {"name": "llama-pt", "namespace": NS,
+                                                                 "labels": {"team": "llm"}}))
+        spec = out["spec"]
+        self.assertEqual((spec["nodes"], spec["nproc_per_node"]), (4, 8))  # a Master and 3 Workers, 8 each
+        self.assertEqual(spec["command"], ["python3", "train.py", "--lr", "3e-4"])  # torchrun's own options gone
+        self.assertEqual(spec["env"], {"NCCL_DEBUG": "WARN"})
+        self.assertEqual({k: spec["backend"][k] for k in ("image", "image_pull_policy", "gpus", "memory_mb", "cpu")},
+                         {"image": "registry.example/llama:2", "image_pull_policy": "Always", "gpus": 8,
+                          "memory_mb": 65536, "cpu": "32"})
+        self.assertEqual(spec["backend"]["volume_mounts"], [{"name": "ckpt", "mountPath": "/ckpt"}])
+        for lost in ("restartPolicy (OnFailure)", "containers[log-shipper]: a second container", "env HF_TOKEN: valueFrom",
+                     "the launcher's --nnodes, --rdzv-backend, --rdzv-endpoint", "spec.elasticPolicy", "spec.runPolicy (",
+                     "template.spec.schedulerName", "containers[pytorch].ports"):
+            self.assertIn(lost, converted.stderr)
+        self.assertNotIn("Master.template", converted.stderr)  # the same template as the Workers'
+        # The YAML form, with what was not carried over as comments, is a GoodputJob the CRD's strict schema takes.
+        yaml_out = os.path.join(self.emu.dir, "goodputjob.yaml")
+        self.assertEqual(subprocess.run([GOODPUT, "k8s", "convert", path, "-o", yaml_out], capture_output=True,
+                                        timeout=30).returncode, 0)
+        with open(yaml_out) as f:
+            self.assertIn("# not carried over: spec.elasticPolicy", f.read())
+        self.kc("apply", "-f", os.path.join(ROOT, "backends", "kubernetes", "deploy", "crd.yaml"))
+        self.assertEqual(self.kc("apply", "-f", yaml_out).stdout.strip(), "goodputjob.goodput.dev/llama-pt created")
+        # What is not a PyTorchJob is refused with the field.
+        with open(path, "w") as f:
+            json.dump(dict(job, kind="TFJob"), f)
+        refused = subprocess.run([GOODPUT, "k8s", "convert", path], capture_output=True, text=True, timeout=30)
+        self.assertEqual(refused.returncode, 2)
+        self.assertIn("field 'kind' is 'kubeflow.org/v1 TFJob', not a kubeflow.org PyTorchJob", refused.stderr)
 
 
 class KubeBackendTest(unittest.TestCase):

@@ -15,6 +15,11 @@ nodeSelector and required node affinity (one pod per node), and its container's 
 as a local process with its env (secretKeyRef values resolved from Secrets). The exit status becomes
 containerStatuses[0].state.terminated (Completed / Error, exitCode) and the pod phase.
 
+Every other kind (ConfigMaps, Services, Events, PVCs, RBAC, Jobs, CustomResourceDefinitions and the
+custom resources they define, with their schema, status subresource, printer columns and
+ownerReferences garbage collection) is tests/emulators/kube/kube_objects.py's; /openapi/v3 says the
+server validates fields itself, so the real `kubectl apply` sends fieldValidation=Strict.
+
 Faults for tests, on /_emulator/ (not part of the Kubernetes API):
   POST /_emulator/oom {"pod"}            killed for memory: terminated reason OOMKilled, exitCode 1
                                           and the message of the fixture ih-oomkilled-unhealthy.yaml
@@ -53,6 +58,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402  (the emulators' shared server, processes and loops)
+import kube_objects as ko  # noqa: E402  (every kind beyond pods, nodes and secrets)
 
 
 def now_rfc3339():
@@ -90,6 +96,11 @@ class Cluster:
         self.cut = 0  # watches to cut
         self.paused = False  # open watches hold their events
         self.pods, self.nodes, self.secrets, self.procs = {}, {}, {}, {}
+        self.registry = {}  # "group/version/plural" -> ko.Resource
+        self.objects = {}   # "group/version/plural" -> {(namespace, name): object}
+        for b in ko.BUILTIN:
+            self.register(ko.Resource(*b))
+        self.registry["/v1/events"].columns = ko.EVENT_COLUMNS
         self.requests = []
         self.faults = []  # {"count", "code", "method", "path", "retry_after"}
         for i in range(nodes):
@@ -110,7 +121,7 @@ class Cluster:
         with self.lock:
             self.rv += 1
             obj["metadata"]["resourceVersion"] = str(self.rv)
-            table = self.pods if resource == "pods" else self.nodes
+            table = self.pods if resource == "pods" else self.nodes if resource == "nodes" else self.objects[resource]
             key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
             if kind == "DELETED":
                 table.pop(key, None)
@@ -127,6 +138,125 @@ class Cluster:
             self.rv += 1
             self.oldest = self.rv
             self.in_stream_410 = in_stream
+
+    # ---- every other kind ------------------------------------------------------------------------------
+    def register(self, res):
+        self.registry[res.key] = res
+        self.objects.setdefault(res.key, {})
+
+    def resource(self, group, version, plural):
+        res = self.registry.get(ko.key_of(group, version, plural))
+        if res is None:  # a short name or a kind, as some clients send
+            res = next((r for r in self.registry.values() if r.group == group and r.version == version
+                        and plural in r.short), None)
+        return res
+
+    def create(self, res, ns, body, validation, dry=False):
+        if not isinstance(body, dict) or body.get("kind", res.kind) != res.kind:
+            return 400, ko.status(400, "BadRequest", f"the body must be a {res.kind}"), []
+        meta = body.get("metadata") or {}
+        if not (meta.get("name") or meta.get("generateName")):
+            return 422, ko.status(422, "Invalid", f"{res.kind} is invalid: metadata.name: Required value: name or "
+                                                  f"generateName is required"), []
+        code, obj, warnings = ko.check_object(res, body, validation)
+        if code:
+            return code, obj, []
+        with self.lock:
+            obj = copy.deepcopy(obj)
+            obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+            obj["metadata"] = ko.new_metadata(meta, ns, res.namespaced)
+            key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+            if key in self.objects[res.key]:
+                return 409, ko.status(409, "AlreadyExists", f'{res.plural}.{res.group or "core"} "{key[1]}" already '
+                                                            f'exists', {"name": key[1], "group": res.group,
+                                                                        "kind": res.plural}), []
+            if res.status_subresource:
+                obj.pop("status", None)
+            if dry:  # dryRun=All: checked and answered, not stored
+                return 201, obj, warnings
+            if res.kind == "CustomResourceDefinition":
+                obj = ko.established(obj)
+                for r in ko.resources_of_crd(obj):
+                    self.register(r)
+            self.put(res.key, "ADDED", obj)
+            return 201, obj, warnings
+
+    def write(self, res, ns, name, body, validation, subresource, merge=False, dry=False):
+        """PUT (merge=False: body replaces) or PATCH (a JSON merge patch) of an object or its status."""
+        with self.lock:
+            old = self.objects[res.key].get((ns or "", name))
+            if old is None:
+                return 404, self.not_found(res, name), []
+            if not isinstance(body, dict):
+                return 400, ko.status(400, "BadRequest", "the body must be a JSON object"), []
+            rv = (body.get("metadata") or {}).get("resourceVersion")
+            if not merge and rv not in (None, old["metadata"]["resourceVersion"]):
+                return 409, ko.status(409, "Conflict", f'Operation cannot be fulfilled on {res.plural}.{res.group} '
+                                                       f'"{name}": the object has been modified; please apply your '
+                                                       f'changes to the latest version and try again'), []
+            new = ko.merge_patch(old, body) if merge else copy.deepcopy(body)
+            code, new, warnings = ko.check_object(res, new, validation)
+            if code:
+                return code, new, []
+            new = copy.deepcopy(new)
+            meta = dict(old["metadata"])
+            if subresource != "status":  # labels, annotations, owners and finalizers may change; the rest is the server's
+                for k in ("labels", "annotations", "ownerReferences", "finalizers"):
+                    if k in (new.get("metadata") or {}):
+                        meta[k] = new["metadata"][k]
+                    else:
+                        meta.pop(k, None)
+            new["metadata"], new["apiVersion"], new["kind"] = meta, res.api_version, res.kind
+            if res.status_subresource and subresource == "status":
+                new = dict(copy.deepcopy(old), status=new.get("status"))
+                if new["status"] is None:
+                    new.pop("status")
+            elif res.status_subresource:
+                new["status"] = copy.deepcopy(old.get("status"))
+                if new["status"] is None:
+                    new.pop("status")
+            if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
+                    {k: v for k, v in old.items() if k not in ("metadata", "status")}:
+                new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            if dry:
+                return 200, new, warnings
+            self.put(res.key, "MODIFIED", new)
+            return 200, new, warnings
+
+    def not_found(self, res, name):
+        return ko.status(404, "NotFound", f'{res.plural}{"." + res.group if res.group else ""} "{name}" not found',
+                         {"name": name, "group": res.group, "kind": res.plural})
+
+    def delete(self, res, ns, name, dry=False):
+        with self.lock:
+            obj = self.objects[res.key].get((ns or "", name))
+            if obj is None:
+                return 404, self.not_found(res, name)
+            if dry:
+                return 200, copy.deepcopy(obj)
+            self.put(res.key, "DELETED", copy.deepcopy(obj))
+            if res.kind == "CustomResourceDefinition":  # its kind goes, and every object of it
+                for r in ko.resources_of_crd(obj):
+                    for (ons, oname) in list(self.objects.get(r.key, {})):
+                        self.delete(r, ons, oname)
+                    self.registry.pop(r.key, None)
+            self.collect(obj["metadata"]["uid"])
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                         "details": {"name": name, "group": res.group, "kind": res.plural,
+                                     "uid": obj["metadata"]["uid"]}}
+
+    def collect(self, uid):
+        """The garbage collector: what an object that is gone owned goes too (background cascading)."""
+        def owned(o):
+            return any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+        with self.lock:
+            for key, table in list(self.objects.items()):
+                for (ns, name), o in list(table.items()):
+                    if owned(o) and key in self.registry:
+                        self.delete(self.registry[key], ns, name)
+            for (ns, name), p in list(self.pods.items()):
+                if owned(p):
+                    self.delete_pod(ns, name)
 
     # ---- pods --------------------------------------------------------------------------------------
     def create_pod(self, ns, body):
@@ -194,6 +324,7 @@ class Cluster:
             pod = copy.deepcopy(pod)
             pod["metadata"]["deletionTimestamp"] = now_rfc3339()
             self.put("pods", "DELETED", pod)
+            self.collect(pod["metadata"]["uid"])
             return 200, pod
 
     def kill(self, ns, name, sig=signal.SIGKILL):
@@ -386,7 +517,26 @@ class Handler(harness.Handler):
             return self.reply(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": self.headers.get("Host", "127.0.0.1")}]})
         if url.path == "/apis":
-            return self.reply(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            with c.lock:
+                groups = {}
+                for r in c.registry.values():
+                    if r.group:
+                        groups.setdefault(r.group, []).append(r.version)
+            return self.reply(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in sorted(set(vs))],
+                 "preferredVersion": {"groupVersion": f"{g}/{sorted(set(vs))[0]}", "version": sorted(set(vs))[0]}}
+                for g, vs in sorted(groups.items())]})
+        if url.path == "/openapi/v3" or url.path.startswith("/openapi/v3/"):
+            with c.lock:
+                core = [ko.Resource("", "v1", "pods", "Pod", True), ko.Resource("", "v1", "nodes", "Node", False),
+                        ko.Resource("", "v1", "secrets", "Secret", True)]
+                resources = core + list(c.registry.values())
+            if url.path == "/openapi/v3":
+                return self.reply(200, ko.openapi_index(resources))
+            doc = ko.openapi_document(url.path[len("/openapi/v3/"):], resources)
+            if not doc["paths"]:
+                return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+            return self.reply(200, doc)
         if url.path == "/version":
             return self.reply(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-goodput-emulator",
                                     "platform": "linux/amd64"})
@@ -394,10 +544,29 @@ class Handler(harness.Handler):
             def res(name, kind, namespaced, verbs):
                 return {"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
                         "verbs": verbs, "shortNames": {"pods": ["po"], "nodes": ["no"]}.get(name, [])}
+            with c.lock:
+                more = [d for r in c.registry.values() if r.group == "" for d in r.discovery()]
             return self.reply(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
                 res("pods", "Pod", True, ["create", "delete", "get", "list", "patch", "watch"]),
                 res("nodes", "Node", False, ["get", "list", "watch"]),
-                res("secrets", "Secret", True, ["create", "delete", "get", "list"])]})
+                res("secrets", "Secret", True, ["create", "delete", "get", "list"])] + more})
+        if parts[:1] == ["apis"] and len(parts) >= 3:
+            group, version = parts[1], parts[2]
+            with c.lock:
+                served = [r for r in c.registry.values() if r.group == group and r.version == version]
+            if len(parts) == 3:
+                if not served:
+                    return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+                return self.reply(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
+                                        "resources": [d for r in served for d in r.discovery()]})
+            return self.generic(method, group, version, parts[3:], q, body)
+        if parts[:2] == ["api", "v1"] and len(parts) >= 3:
+            rest = parts[2:]
+            plural = rest[2] if rest[:1] == ["namespaces"] and len(rest) >= 3 else rest[0]
+            with c.lock:
+                known = ko.key_of("", "v1", plural) in c.registry
+            if known:
+                return self.generic(method, "", "v1", rest, q, body)
         # /api/v1/namespaces/{ns}/{resource}[/{name}] and /api/v1/{nodes,pods}[/{name}]
         if parts[:2] != ["api", "v1"]:
             return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
@@ -455,6 +624,76 @@ class Handler(harness.Handler):
             return self.reply(*c.delete_pod(ns, name))
         return self.reply(405, status(405, "MethodNotAllowed", f"{method} is not supported here"))
 
+    def wants_table(self):
+        return "as=Table" in (self.headers.get("Accept") or "")
+
+    def reply_warned(self, code, body, warnings):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        for w in warnings:  # as the apiserver warns: RFC 7234 warn-code 299, agent "-"
+            self.send_header("Warning", '299 - "' + w.replace('"', '\\"') + '"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def generic(self, method, group, version, rest, q, body):
+        """[namespaces/{ns}/]{plural}[/{name}[/status]] of any registered kind."""
+        c = self.cluster
+        ns = None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            ns, rest = rest[1], rest[2:]
+        plural, name = rest[0], rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        with c.lock:
+            res = c.resource(group, version, plural)
+        if res is None or (sub not in (None, "status")) or (sub == "status" and not res.status_subresource):
+            return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+        if res.namespaced and name and not ns and method != "GET":
+            return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+        if not res.namespaced:
+            ns = None
+        dry = q.get("dryRun") == "All"
+        validation = q.get("fieldValidation", "Warn")
+        if validation not in ("Strict", "Warn", "Ignore"):
+            return self.reply(400, status(400, "BadRequest", f'fieldValidation must be Strict, Warn or Ignore, not '
+                                                             f'"{validation}"'))
+        if method == "GET" and name is None and q.get("watch") in ("true", "1"):
+            return self.watch(res.key, ns, q)
+        if method == "GET" and name is None:
+            lst = self.list(res.key, ns, q)
+            if self.wants_table():
+                return self.reply(200, ko.table(res, lst["items"], lst["metadata"]["resourceVersion"]))
+            return self.reply(200, lst)
+        if method == "GET":
+            with c.lock:
+                obj = copy.deepcopy(c.objects[res.key].get((ns or "", name)))
+            if obj is None:
+                return self.reply(404, c.not_found(res, name))
+            if self.wants_table():
+                return self.reply(200, ko.table(res, [obj], obj["metadata"]["resourceVersion"]))
+            return self.reply(200, obj)
+        if method == "POST" and name is None and (ns or not res.namespaced):
+            code, obj, warnings = c.create(res, ns or "", body, validation, dry)
+            return self.reply_warned(code, obj, warnings)
+        if method == "PUT" and name:
+            code, obj, warnings = c.write(res, ns, name, body, validation, sub, dry=dry)
+            return self.reply_warned(code, obj, warnings)
+        if method == "PATCH" and name:
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                return self.reply(415, status(415, "UnsupportedMediaType",
+                                              f"the emulator applies merge patches only, not '{ctype}'"))
+            if ctype == "application/strategic-merge-patch+json" and res.crd:
+                return self.reply(415, status(415, "UnsupportedMediaType", "the body of the request was in an unknown "
+                                              "format - accepted media types include: application/json-patch+json, "
+                                              "application/merge-patch+json, application/apply-patch+yaml"))
+            code, obj, warnings = c.write(res, ns, name, body, validation, sub, merge=True, dry=dry)
+            return self.reply_warned(code, obj, warnings)
+        if method == "DELETE" and name and sub is None:
+            return self.reply(*c.delete(res, ns, name, dry))
+        return self.reply(405, status(405, "MethodNotAllowed", f"{method} is not supported here"))
+
     @staticmethod
     def selected(obj, ns, selector):
         if ns and obj["metadata"].get("namespace") != ns:
@@ -469,9 +708,12 @@ class Handler(harness.Handler):
     def list(self, resource, ns, q):
         c = self.cluster
         with c.lock:
-            table = c.pods if resource == "pods" else c.nodes
-            items = [copy.deepcopy(o) for o in table.values() if self.selected(o, ns, q.get("labelSelector"))]
-            return {"kind": "PodList" if resource == "pods" else "NodeList", "apiVersion": "v1",
+            table = c.pods if resource == "pods" else c.nodes if resource == "nodes" else c.objects[resource]
+            rows = sorted(table.items()) if table is c.objects.get(resource) else table.items()  # etcd's key order
+            items = [copy.deepcopy(o) for _, o in rows if self.selected(o, ns, q.get("labelSelector"))]
+            res = c.registry.get(resource)
+            kind = "PodList" if resource == "pods" else "NodeList" if resource == "nodes" else res.kind + "List"
+            return {"kind": kind, "apiVersion": res.api_version if res else "v1",
                     "metadata": {"resourceVersion": str(c.rv)}, "items": items}
 
     def watch(self, resource, ns, q):
@@ -493,7 +735,12 @@ class Handler(harness.Handler):
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
+        res = c.registry.get(resource)
+        as_table = res is not None and self.wants_table()
+
         def frame(kind, obj):
+            if as_table and kind != "BOOKMARK" and kind != "ERROR":  # a table of one row, as the apiserver sends
+                obj = ko.table(res, [obj], obj["metadata"]["resourceVersion"])
             return (json.dumps({"type": kind, "object": obj}) + "\n").encode()
 
         try:
@@ -539,7 +786,8 @@ class Handler(harness.Handler):
                     last_bookmark = time.time()
                     with c.lock:
                         sent = max(sent, c.rv)
-                    chunk(frame("BOOKMARK", {"kind": "Pod" if resource == "pods" else "Node", "apiVersion": "v1",
+                    chunk(frame("BOOKMARK", {"kind": "Pod" if resource == "pods" else "Node" if resource == "nodes"
+                                             else res.kind, "apiVersion": res.api_version if res else "v1",
                                              "metadata": {"resourceVersion": str(sent)}}))
             chunk(b"")
         except OSError:  # the client went away (a broken pipe, a reset, a TLS close without notify)
