@@ -51,7 +51,6 @@ import threading
 import time
 import urllib.parse
 import uuid
-from datetime import datetime, timezone
 import sys
 
 import yaml
@@ -59,18 +58,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402  (the emulators' shared server, processes and loops)
 import kube_objects as ko  # noqa: E402  (every kind beyond pods, nodes and secrets)
-
-
-def now_rfc3339():
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def status(code, reason, message, details=None):
-    s = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-         "reason": reason, "code": code}
-    if details:
-        s["details"] = details
-    return s
+from kube_objects import now_rfc3339, status  # noqa: E402
 
 
 class Cluster:
