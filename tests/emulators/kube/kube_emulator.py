@@ -757,9 +757,9 @@ class Handler(harness.Handler):
                     cut = c.cut != cut_seen
                     if c.paused and not cut:
                         continue
-                for hrv, res, kind, obj in pending:
+                for hrv, of, kind, obj in pending:
                     sent = hrv
-                    if res != resource or not self.selected(obj, ns, q.get("labelSelector")):
+                    if of != resource or not self.selected(obj, ns, q.get("labelSelector")):
                         continue
                     data = frame(kind, obj)
                     if cut:  # half a frame, then the connection drops
