@@ -95,10 +95,11 @@ std::optional<int64_t> count_of(const std::string& s, int64_t max) {
   return v;
 }
 
-// A CSV file read line by line: blank lines skipped, CR stripped, UTF-8 checked, quoting undone.
+// A delimited file read line by line: blank lines skipped, CR stripped, UTF-8 checked; ',' is CSV
+// (its quoting undone), any other separator splits as it stands (sacct's '|').
 class CsvLines {
  public:
-  explicit CsvLines(const std::string& file) : file_(file), in_(file) {
+  explicit CsvLines(const std::string& file, char sep = ',') : file_(file), in_(file), sep_(sep) {
     if (!in_) throw TraceError(file + ": cannot open");
   }
   bool next(std::vector<std::string>& fields) {
@@ -108,6 +109,10 @@ class CsvLines {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.find_first_not_of(" \t") == std::string::npos) continue;
       if (!valid_utf8(line)) throw error("not valid UTF-8 text");
+      if (sep_ != ',') {
+        fields = split(line, sep_);
+        return true;
+      }
       auto f = split_csv(line);
       if (!f) throw error("a quoted field is not closed");
       fields = std::move(*f);
@@ -122,6 +127,7 @@ class CsvLines {
  private:
   std::string file_;
   std::ifstream in_;
+  char sep_;
   int line_ = 0;
 };
 
@@ -307,36 +313,25 @@ TraceBuilder import_slurm(const std::vector<std::string>& files) {
                                                      "SPECIAL_EXIT", "STOPPED", "REQUEUE_FED", "REQUEUE_HOLD"};
   for (const std::string& file : files) {
     b.source += " " + file;
-    std::ifstream in(file);
-    if (!in) throw TraceError(file + ": cannot open");
-    std::string line;
-    int lineno = 0;
+    CsvLines in(file, '|');
     std::map<std::string, size_t> col;
     size_t width = 0;
-    auto fail = [&](const std::string& field, const std::string& what) {
-      return TraceError(file + ":" + std::to_string(lineno) + ": field '" + field + "' " + what);
-    };
-    while (std::getline(in, line)) {
-      ++lineno;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      if (!valid_utf8(line)) throw TraceError(file + ":" + std::to_string(lineno) + ": not valid UTF-8 text");
-      const std::vector<std::string> f = split(line, '|');
+    auto fail = [&](const std::string& field, const std::string& what) { return in.field(field, what); };
+    std::vector<std::string> g;
+    while (in.next(g)) {
       if (col.empty()) {
-        for (size_t i = 0; i < f.size(); ++i) col[f[i]] = i;
-        width = f.size();
+        for (size_t i = 0; i < g.size(); ++i) col[g[i]] = i;
+        width = g.size();
         for (const char* need : {"JobID", "State", "NodeList", "Start", "End"})
           if (!col.count(need))
-            throw TraceError(file + ":" + std::to_string(lineno) + ": the header has no column '" + need +
-                             "' (run sacct --parsable2 --format=JobID,State,ExitCode,NNodes,NodeList,Start,End)");
+            throw in.error(std::string("the header has no column '") + need +
+                           "' (run sacct --parsable2 --format=JobID,State,ExitCode,NNodes,NodeList,Start,End)");
         continue;
       }
       // sacct --parsable2 ends no line with '|'; --parsable does: one empty field more.
-      std::vector<std::string> g = f;
       if (g.size() == width + 1 && g.back().empty()) g.pop_back();
       if (g.size() != width)
-        throw TraceError(file + ":" + std::to_string(lineno) + ": " + std::to_string(g.size()) + " fields; the header has " +
-                         std::to_string(width));
+        throw in.error(std::to_string(g.size()) + " fields; the header has " + std::to_string(width));
       auto get = [&](const char* name) -> std::string { return col.count(name) ? g[col.at(name)] : ""; };
       const std::string job = get("JobID");
       if (job.empty()) throw fail("JobID", "is empty");
