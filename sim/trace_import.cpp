@@ -233,11 +233,9 @@ void TraceBuilder::ran(const std::vector<std::string>& hosts, int32_t job_nodes,
 }
 
 std::vector<int32_t> TraceBuilder::sizes() const {
-  std::set<int32_t> s;
-  for (const auto& [n, unused] : size_hours) s.insert(n);
-  for (const ImportedEvent& e : events)
-    if (e.job_nodes > 0) s.insert(e.job_nodes);
-  return {s.begin(), s.end()};
+  std::vector<int32_t> s;  // a failure's job ran first (ran() precedes its event), so its size is here
+  for (const auto& [n, unused] : size_hours) s.push_back(n);
+  return s;
 }
 
 Trace TraceBuilder::build(Duration step_time, int32_t job_nodes) const {
