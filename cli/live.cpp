@@ -115,9 +115,30 @@ bool log_holds_a_job(const std::string& path) {
 }
 
 
+// A pod's termination message: the kubelet keeps at most 4096 bytes of it.
+void write_termination_log(const std::string& path, const json& summary) {
+  if (path.empty()) return;
+  std::string text = summary.dump();
+  if (text.size() > 4096) text = json{{"exit", summary.value("exit", 1)}, {"error", "summary too long"}}.dump();
+  std::ofstream out(path, std::ios::trunc);
+  out << text << "\n";
+}
+
+int serve_job(ServeOptions& o);
+
 }  // namespace
 
 int serve(ServeOptions o) {
+  try {
+    return serve_job(o);
+  } catch (const std::exception& e) {
+    write_termination_log(o.termination_log, {{"exit", dynamic_cast<const ConfigError*>(&e) ? 2 : 1}, {"error", e.what()}});
+    throw;
+  }
+}
+
+namespace {
+int serve_job(ServeOptions& o) {
   if (o.tls.cert_file.empty() != o.tls.key_file.empty())
     throw LiveError("give both --tls-cert and --tls-key, or neither");
   if (o.spec_path.empty()) {
@@ -195,6 +216,7 @@ int serve(ServeOptions o) {
     }, 1 << 20, tls ? &o.tls : nullptr);
   } catch (const std::runtime_error& e) {
     std::cerr << "goodput: " << e.what() << "\n";
+    write_termination_log(o.termination_log, {{"exit", 1}, {"error", e.what()}});
     return 1;
   }
   net::HttpServer& server = *server_holder;
@@ -234,8 +256,7 @@ int serve(ServeOptions o) {
     ko.spec = spec.kube;
     ko.replicas = spec.replicas;
     try {
-      ko.config = spec.kube.kubeconfig.empty() ? kube::in_cluster_config()
-                                               : kube::load_kubeconfig(spec.kube.kubeconfig, spec.kube.context);
+      ko.config = kube::default_config(spec.kube.kubeconfig, spec.kube.context);
     } catch (const kube::KubeError& e) {
       throw LiveError(o.spec_path + ": backend: " + e.what());
     }
@@ -248,6 +269,7 @@ int serve(ServeOptions o) {
       nodes = std::make_unique<kube::KubeNodes>(ko);
     } catch (const kube::KubeError& e) {
       std::cerr << "goodput: kubernetes: " << e.what() << "\n";
+      write_termination_log(o.termination_log, {{"exit", 1}, {"error", std::string("kubernetes: ") + e.what()}});
       return 1;
     }
   } else if (o.local) {
@@ -356,10 +378,18 @@ int serve(ServeOptions o) {
     // Agents keep their trainers running; a master started with --resume carries on.
     std::cerr << "goodput: the event log could not be written: " << fatal << "\ngoodput: stopping the master; "
               << "fix the cause and run again with --resume (agents keep training meanwhile)\n";
+    write_termination_log(o.termination_log, {{"exit", kExitResumable}, {"error", "event log unwritable: " + fatal}});
     return kExitResumable;
   }
   store.flush();
-  if (detached) return kExitResumable;
+  // How it ended, for whoever runs the master (the pod's termination message).
+  json summary = json(live::status_of(master));
+  summary.erase("nodes");
+  if (detached) {
+    summary["exit"] = kExitResumable;
+    write_termination_log(o.termination_log, summary);
+    return kExitResumable;
+  }
 
   const Report r = make_report(master.state());
   std::cout << report_text(r);
@@ -368,8 +398,11 @@ int serve(ServeOptions o) {
               << master.shards().duplicates() << " trained twice\n";
   std::cout << "event log: " << db << "  (goodput report " << db << "; goodput replay --from-log " << db << ")\n";
   const std::string reason = master.state().finish_reason();
-  return reason == "completed" ? 0 : 1;
+  summary["exit"] = reason == "completed" ? 0 : 1;
+  write_termination_log(o.termination_log, summary);
+  return summary["exit"].get<int>();
 }
+}  // namespace
 
 // What `run` and `master` share: the job, where its files go, the port, resuming, TLS.
 static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_dir_help) {
@@ -392,6 +425,9 @@ static void add_serve_options(CLI::App* cmd, ServeOptions& o, const char* run_di
   cmd->add_flag("--detach-on-sigterm", o.detach_on_sigterm,
                 "SIGTERM stops only the master (exit 3), not the job: its agents keep training and --resume carries on "
                 "(for a master Kubernetes runs: its pod gets SIGTERM when evicted or drained); SIGINT still stops the job");
+  cmd->add_option("--termination-log", o.termination_log,
+                  "Write how the master ended here, as one JSON object (exit status, finish reason, step, goodput, "
+                  "restarts, last failure, or the error): a pod's terminationMessagePath");
 }
 
 void add_live_commands(CLI::App& app, int& rc) {

@@ -26,6 +26,10 @@ struct ServeOptions {
   // SIGTERM stops only the master (kExitResumable): its agents keep training, `--resume` carries on.
   // For a master that Kubernetes runs, whose pod gets SIGTERM when it is evicted or its node drained.
   bool detach_on_sigterm = false;
+  // Where the master writes how it ended, as one JSON object (the exit status, the finish reason,
+  // step, goodput, restarts, the last failure, or the error): a pod's terminationMessagePath, which
+  // the kubelet puts into the container's terminated state for `goodput operator` to read.
+  std::string termination_log;
   // Called once the master listens (its URL, the job's token): `goodput torchrun` starts the
   // rendezvous host's own agent there.
   std::function<void(const std::string& url, const std::string& token)> on_listening;

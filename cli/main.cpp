@@ -12,6 +12,7 @@
 #include "cli/bench_api.h"
 #include "cli/ckpt.h"
 #include "cli/k8s_convert.h"
+#include "cli/operator.h"
 #include "cli/live.h"
 #include "cli/torchrun.h"
 #include "agent/checkpoint/flash_checkpoint.h"
@@ -577,6 +578,7 @@ int main(int argc, char** argv) {
   add_live_commands(app, rc);
   add_torchrun_command(app, rc);
   add_k8s_commands(app, rc);
+  add_operator_command(app, rc);
 
   BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "Benchmarks: core loop, replay, Monte Carlo (ratios against baselines)");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -30,20 +31,6 @@ std::string trim(std::string s) {
   return s;
 }
 
-std::string base64_decode(const std::string& in, const std::string& where) {
-  std::string clean;
-  for (char c : in)
-    if (!std::isspace(static_cast<unsigned char>(c))) clean += c;
-  std::string out(clean.size() / 4 * 3 + 3, '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(clean.data()), static_cast<int>(clean.size()));
-  if (n < 0 || clean.size() % 4 != 0) throw KubeError(where + " is not valid base64", 0);
-  size_t pad = 0;
-  while (pad < 2 && pad < clean.size() && clean[clean.size() - 1 - pad] == '=') ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
-}
-
 json yaml_node_to_json(const YAML::Node& n) {
   switch (n.Type()) {
     case YAML::NodeType::Map: {
@@ -59,11 +46,15 @@ json yaml_node_to_json(const YAML::Node& n) {
     case YAML::NodeType::Scalar: {
       const std::string s = n.Scalar();
       if (n.Tag() == "!") return s;  // quoted: a string, whatever it looks like
-      if (s == "true" || s == "false") return s == "true";
-      if (s == "null" || s == "~") return nullptr;
+      // YAML 1.2's core schema: booleans, null, integers and floats (1.5, 2e-3, .5); the rest is text.
+      if (s == "true" || s == "True" || s == "TRUE") return true;
+      if (s == "false" || s == "False" || s == "FALSE") return false;
+      if (s.empty() || s == "null" || s == "Null" || s == "NULL" || s == "~") return nullptr;
       char* end = nullptr;
       const long long i = std::strtoll(s.c_str(), &end, 10);
-      if (!s.empty() && *end == '\0') return i;
+      if (*end == '\0') return i;
+      static const std::regex kFloat(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
+      if (std::regex_match(s, kFloat)) return std::strtod(s.c_str(), nullptr);
       return s;
     }
     default:
@@ -85,6 +76,20 @@ json yaml_to_json(const std::string& yaml_text) {
   } catch (const YAML::Exception& e) {
     throw KubeError(std::string("not valid YAML: ") + e.what(), 0);
   }
+}
+
+std::string base64_decode(const std::string& in, const std::string& where) {
+  std::string clean;
+  for (char c : in)
+    if (!std::isspace(static_cast<unsigned char>(c))) clean += c;
+  std::string out(clean.size() / 4 * 3 + 3, '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(clean.data()), static_cast<int>(clean.size()));
+  if (n < 0 || clean.size() % 4 != 0) throw KubeError(where + " is not valid base64", 0);
+  size_t pad = 0;
+  while (pad < 2 && pad < clean.size() && clean[clean.size() - 1 - pad] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
 }
 
 KubeConfig load_kubeconfig(const std::string& path, const std::string& context) {
@@ -166,6 +171,22 @@ KubeConfig in_cluster_config(const std::string& dir) {
   c.namespace_ = trim(read_file(dir + "/namespace", "service account namespace"));
   (void)read_file(c.token_file, "service account token");  // fail now, not at the first call
   return c;
+}
+
+KubeConfig default_config(const std::string& kubeconfig, const std::string& context) {
+  if (!kubeconfig.empty()) return load_kubeconfig(kubeconfig, context);
+  if (const char* host = std::getenv("KUBERNETES_SERVICE_HOST"); host && *host) return in_cluster_config();
+  if (const char* list = std::getenv("KUBECONFIG"); list && *list) {
+    std::stringstream ss(list);
+    for (std::string path; std::getline(ss, path, ':');)
+      if (!path.empty() && fs::exists(path)) return load_kubeconfig(path, context);
+    throw KubeError(std::string("KUBECONFIG names no file that exists: ") + list, 0);
+  }
+  if (const char* home = std::getenv("HOME"); home && *home && fs::exists(fs::path(home) / ".kube" / "config"))
+    return load_kubeconfig((fs::path(home) / ".kube" / "config").string(), context);
+  throw KubeError("no cluster to talk to: not inside a Kubernetes pod (KUBERNETES_SERVICE_HOST unset), no KUBECONFIG, "
+                  "no ~/.kube/config; give a kubeconfig",
+                  0);
 }
 
 std::optional<WatchEvent> parse_watch_frame(std::string_view line) {

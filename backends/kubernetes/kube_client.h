@@ -42,6 +42,12 @@ KubeConfig load_kubeconfig_json(const nlohmann::json& doc, const std::string& pa
 // Inside a pod: KUBERNETES_SERVICE_HOST/PORT, and the service account's token, CA and namespace
 // under `dir` (/var/run/secrets/kubernetes.io/serviceaccount).
 KubeConfig in_cluster_config(const std::string& dir = "/var/run/secrets/kubernetes.io/serviceaccount");
+// Where a client finds its cluster, in kubectl's and client-go's order: the kubeconfig given; else,
+// inside a pod (KUBERNETES_SERVICE_HOST set), its service account; else the first file $KUBECONFIG
+// names (a colon-separated list); else ~/.kube/config.
+KubeConfig default_config(const std::string& kubeconfig = "", const std::string& context = "");
+// Base64 (a Secret's data, a kubeconfig's *-data); `where` names it in the error.
+std::string base64_decode(const std::string& in, const std::string& where);
 // YAML (a kubeconfig, a pod dumped by kubectl) as JSON.
 nlohmann::json yaml_to_json(const std::string& yaml_text);
 

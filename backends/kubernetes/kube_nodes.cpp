@@ -1,10 +1,10 @@
 #include "backends/kubernetes/kube_nodes.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+
+#include "backends/kubernetes/kube_json.h"
 
 namespace goodput::kube {
 
@@ -14,37 +14,6 @@ namespace {
 
 const std::set<std::string> kConfigErrors = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName",
                                              "CreateContainerConfigError", "ErrImageNeverPull"};
-
-// Readers that take whatever the API server (or a fuzzer) sends: a missing or mistyped field
-// reads as empty, never as an exception.
-const json& field(const json& j, const char* key) {
-  static const json kNull;
-  if (!j.is_object()) return kNull;
-  const auto it = j.find(key);
-  return it == j.end() ? kNull : *it;
-}
-std::string str(const json& j, const char* key, const std::string& fallback = "") {
-  const json& v = field(j, key);
-  return v.is_string() ? v.get<std::string>() : fallback;
-}
-int64_t num(const json& j, const char* key) {
-  const json& v = field(j, key);
-  return v.is_number_integer() ? v.get<int64_t>() : 0;
-}
-const json& list(const json& j, const char* key) {
-  static const json kEmpty = json::array();
-  const json& v = field(j, key);
-  return v.is_array() ? v : kEmpty;
-}
-
-
-std::string base64(const std::string& in) {
-  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
 
 std::string dns_label(const std::string& s) {
   std::string out;
@@ -144,20 +113,26 @@ std::string pod_status(const json& pod) {
   return s;
 }
 
+static std::string token_secret_name(const KubeNodesOptions& o) {
+  return o.spec.token_secret.empty() ? dns_label(o.run) + "-token" : o.spec.token_secret;
+}
+
 KubeNodes::KubeNodes(KubeNodesOptions options)
     : ClusterNodes({"kubernetes", "node", "pod"}, options.replicas, true), o_(std::move(options)), client_(o_.config) {
   ns_ = !o_.spec.namespace_.empty() ? o_.spec.namespace_ : o_.config.namespace_;
   selector_ = "goodput/run=" + dns_label(o_.run);
-  // The token the agents authenticate with: a Secret the pods' environment reads.
-  const json secret = {{"apiVersion", "v1"},
-                       {"kind", "Secret"},
-                       {"metadata", {{"name", dns_label(o_.run) + "-token"}, {"labels", {{"goodput/run", dns_label(o_.run)}}}}},
-                       {"type", "Opaque"},
-                       {"data", {{"token", base64(o_.token)}}}};
-  try {
-    client_.call("POST", "/api/v1/namespaces/" + ns_ + "/secrets", secret);
-  } catch (const KubeError& e) {
-    if (e.code != 409) throw;  // AlreadyExists: a resumed master's
+  // The token the agents authenticate with: a Secret the pods' environment reads; the operator's,
+  // or one this run makes.
+  if (o_.spec.token_secret.empty()) {
+    json meta = {{"name", token_secret_name(o_)}, {"labels", {{"goodput/run", dns_label(o_.run)}}}};
+    if (!o_.spec.owner_references.empty()) meta["ownerReferences"] = o_.spec.owner_references;
+    const json secret = {{"apiVersion", "v1"}, {"kind", "Secret"}, {"metadata", meta}, {"type", "Opaque"},
+                         {"data", {{"token", base64(o_.token)}}}};
+    try {
+      client_.call("POST", "/api/v1/namespaces/" + ns_ + "/secrets", secret);
+    } catch (const KubeError& e) {
+      if (e.code != 409) throw;  // AlreadyExists: a resumed master's
+    }
   }
   if (o_.adopt) {
     for (const json& p : client_.list("/api/v1/namespaces/" + ns_ + "/pods", selector_).items) {
@@ -177,11 +152,13 @@ KubeNodes::KubeNodes(KubeNodesOptions options)
 
 void KubeNodes::job_over() {
   // The token is no use once the job is over; a master that only left (to be resumed) keeps it.
+  // The operator's Secret goes with its GoodputJob.
+  if (!o_.spec.token_secret.empty()) return;
   try {
-    client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/secrets/" + dns_label(o_.run) + "-token");
+    client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/secrets/" + token_secret_name(o_));
   } catch (const KubeError& e) {
     if (e.code != 404)
-      std::cerr << "goodput: could not delete the agents' token Secret " << dns_label(o_.run) << "-token: " << e.what() << "\n";
+      std::cerr << "goodput: could not delete the agents' token Secret " << token_secret_name(o_) << ": " << e.what() << "\n";
   }
 }
 
@@ -218,7 +195,7 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
                     {"command", {s.agent, "agent", "--master", o_.master_url, "--name", name, "--memory-permille",
                                  std::to_string(memory_permille), "--slot", std::to_string(slot), "--host", "$(POD_IP)"}},
                     {"env", json::array({{{"name", "GOODPUT_TOKEN"},
-                                          {"valueFrom", {{"secretKeyRef", {{"name", dns_label(o_.run) + "-token"},
+                                          {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(o_)},
                                                                            {"key", "token"}}}}}},
                                          {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}})}};
   if (!s.working_dir.empty()) container["workingDir"] = s.working_dir;
@@ -256,19 +233,22 @@ json KubeNodes::manifest_for(const KubeNodesOptions& o_, const std::string& name
                                                           {"operator", "NotIn"},
                                                           {"values", avoid}}})}}})}}}}}};
   const auto dash = name.rfind('-');
-  return {{"apiVersion", "v1"},
-          {"kind", "Pod"},
-          {"metadata",
-           {{"name", name},
-            {"labels",
-             {{"goodput/job", dns_label(o_.job)},
-              {"goodput/run", dns_label(o_.run)},
-              {"goodput/replica-type", shape.type},
-              {"goodput/replica-index", std::to_string(shape.index)},
-              {"goodput/launch", name.substr(dash + 1)},
-              {"goodput/rank", std::to_string(slot)},
-              {"goodput/memory-permille", std::to_string(memory_permille)}}}}},
-          {"spec", spec}};
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", name},
+                {"labels",
+                 {{"goodput/job", dns_label(o_.job)},
+                  {"goodput/run", dns_label(o_.run)},
+                  {"goodput/replica-type", shape.type},
+                  {"goodput/replica-index", std::to_string(shape.index)},
+                  {"goodput/launch", name.substr(dash + 1)},
+                  {"goodput/rank", std::to_string(slot)},
+                  {"goodput/memory-permille", std::to_string(memory_permille)}}}}},
+              {"spec", spec}};
+  // A GoodputJob's pods are its own: deleting it deletes them.
+  if (!o_.spec.owner_references.empty()) pod["metadata"]["ownerReferences"] = o_.spec.owner_references;
+  return pod;
 }
 
 void KubeNodes::launch(int32_t slot, int32_t memory_permille) {

@@ -109,6 +109,14 @@ KubeBackendSpec kube_backend_from_json(const nlohmann::json& j, const std::strin
     }
   b.pending_timeout = r.duration("pending_timeout", b.pending_timeout);
   if (b.pending_timeout <= 0) r.fail("pending_timeout", "must be positive");
+  b.token_secret = r.text("token_secret", "");
+  if (const nlohmann::json* o = r.child("owner_references")) {
+    if (!o->is_array() || !std::all_of(o->begin(), o->end(), [](const nlohmann::json& x) {
+          return x.is_object() && x.contains("uid") && x["uid"].is_string() && x.contains("kind") && x["kind"].is_string();
+        }))
+      r.fail("owner_references", "must be a list of Kubernetes ownerReferences (apiVersion, kind, name, uid)");
+    b.owner_references = *o;
+  }
   r.finish();
   return b;
 }

@@ -51,6 +51,12 @@ struct KubeBackendSpec {
   nlohmann::json volumes = nlohmann::json::array();        // pod volumes (e.g. the checkpoint storage's PVC)
   nlohmann::json volume_mounts = nlohmann::json::array();  // where the container mounts them
   Duration pending_timeout = 120 * kSecond;  // a pod no node was found for by then is given up and created anew
+  // Set by `goodput operator` for a GoodputJob's master: the Secret (key "token") its pods read the
+  // agents' token from, which the operator made and owns (empty: the master makes one per run and
+  // deletes it when the job is over), and the ownerReferences its pods get, so that deleting the
+  // GoodputJob takes them with it.
+  std::string token_secret;
+  nlohmann::json owner_references = nlohmann::json::array();
 };
 
 // The pre-flight node check ("node_check"; absent: off). A node is checked once, when it first takes

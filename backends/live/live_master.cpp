@@ -77,7 +77,8 @@ void LiveMaster::append(const Event& e) {
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
           last_failure_ = p;
         } else if constexpr (std::is_same_v<T, RecoveryDecided>) {
-          if (!folding_) notes_.push_back(recovery_note(world_, p, last_failure_ ? &*last_failure_ : nullptr));
+          last_recovery_ = Recovery{p, recovery_note(world_, p, last_failure_ ? &*last_failure_ : nullptr)};
+          if (!folding_) notes_.push_back("goodput: " + last_recovery_->note);
           if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory)
             world_.relaunch(p);
         } else if constexpr (std::is_same_v<T, RestartJob>) {

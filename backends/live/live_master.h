@@ -107,6 +107,12 @@ class LiveMaster final : public Backend, public EventSink {
   // One line per recovery decided since the last call, saying why (diagnosis, the failure behind
   // it, the rule): for the console. Decisions folded from the log when resuming are not repeated.
   std::vector<std::string> take_console_notes() { return std::exchange(notes_, {}); }
+  // The newest recovery decision and its note (also when folded from the log); none yet: nullopt.
+  struct Recovery {
+    RecoveryDecided decision;
+    std::string note;
+  };
+  const std::optional<Recovery>& last_recovery() const { return last_recovery_; }
 
   // Backend: carry out a decision. EventSink: keep the world in step with the log.
   void execute(const Event& decision) override;
@@ -154,6 +160,7 @@ class LiveMaster final : public Backend, public EventSink {
   int32_t grow_back_lost_ = 0;            // of those, asked for a slot outside a shrunk world
   std::optional<Time> grow_back_at_;      // when to ask for such a slot's machine again
   std::optional<FailureObserved> last_failure_;
+  std::optional<Recovery> last_recovery_;
   std::vector<std::string> notes_;
   // Each trainer process's newest answer in this restart, by node and local rank.
   std::map<std::pair<NodeId, int32_t>, ShardsAssigned> last_assigned_;

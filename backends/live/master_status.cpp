@@ -30,10 +30,21 @@ nlohmann::ordered_json status_of(const LiveMaster& m) {
   out["wall_s"] = static_cast<double>(r.wall) / kSecond;
   out["productive_s"] = static_cast<double>(r.productive) / kSecond;
   out["failures"] = r.failures;
+  // The newest recovery and why (diagnosis, the failure behind it, the rule); null: none yet.
+  if (const auto& last = m.last_recovery())
+    out["last_failure"] = {{"diagnosis", std::string(to_string(last->decision.diagnosis))},
+                           {"action", std::string(to_string(last->decision.action))},
+                           {"message", last->note}};
+  else
+    out["last_failure"] = nullptr;
   out["events"] = s.last_seq();
   if (const ShardLedger& shards = m.shards(); shards.total() > 0)
     out["shards"] = {{"total", shards.total()}, {"done", shards.done()}, {"queued", shards.queued()},
                      {"duplicates", shards.duplicates()}};
+  int32_t training = 0;  // nodes holding a slot whose trainers all train
+  for (const auto& [id, n] : world.nodes())
+    if (!n.gone && n.slot >= 0 && n.trainer.phase == "training") ++training;
+  out["nodes_training"] = training;
   auto& nodes = out["nodes"] = nlohmann::ordered_json::array();
   const Time now = m.now();
   for (const auto& [id, n] : world.nodes()) {
@@ -126,7 +137,7 @@ std::string metrics_of(const LiveMaster& m, const net::HttpRefusals& t) {
 
 std::string recovery_note(const World& world, const RecoveryDecided& d, const FailureObserved* last_failure) {
   const Node* n = world.node(d.node);
-  std::string o = "goodput: node " + (n ? n->name : std::to_string(d.node));
+  std::string o = "node " + (n ? n->name : std::to_string(d.node));
   if (n && n->slot >= 0) o += " (slot " + std::to_string(n->slot) + ")";
   o += ": " + std::string(to_string(d.diagnosis));
   if (last_failure && last_failure->node == d.node) {

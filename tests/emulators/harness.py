@@ -82,9 +82,10 @@ def every(seconds, fn):
     threading.Thread(target=loop, daemon=True).start()
 
 
-def serve(handler, port, on_stop, tls_context=None):
+def serve(handler, port, on_stop, tls_context=None, on_url=None):
     """Serves on 127.0.0.1:port (0: any free one) until SIGTERM or SIGINT, which call on_stop()
-    (stop what the emulator runs) and exit. Prints "listening on URL" first, for the tests."""
+    (stop what the emulator runs) and exit. Prints "listening on URL" first, for the tests, after
+    on_url(url) if given."""
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     scheme = "http"
@@ -98,5 +99,8 @@ def serve(handler, port, on_stop, tls_context=None):
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"listening on {scheme}://127.0.0.1:{server.server_address[1]}", flush=True)
+    url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
+    if on_url:
+        on_url(url)
+    print(f"listening on {url}", flush=True)
     server.serve_forever()

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -331,6 +332,193 @@ class GoodputJobResourceTest(unittest.TestCase):
         refused = subprocess.run([GOODPUT, "k8s", "convert", path], capture_output=True, text=True, timeout=30)
         self.assertEqual(refused.returncode, 2)
         self.assertIn("field 'kind' is 'kubeflow.org/v1 TFJob', not a kubeflow.org PyTorchJob", refused.stderr)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GoodputOperatorTest(unittest.TestCase):
+    """`goodput operator` as Kubernetes users meet it: the real kubectl applies the CRD and a
+    GoodputJob, the operator (a real process, SIGKILLed and started again mid-job) creates the
+    job's master (a pod the emulator runs: a real `goodput run`, its event log on the job's
+    PersistentVolumeClaim), the master creates its worker pods (real agents, real PyTorch DDP
+    trainers), and `kubectl get goodputjobs` and `kubectl get events` show what happens. The API
+    server is the emulator (tests/emulators/kube), in the wire format of shared/data/k8s and the API
+    reference; its pods' volumes are directories on this machine (see its docstring)."""
+
+    def setUp(self):
+        self.kubectl = shutil.which("kubectl")
+        if not self.kubectl:
+            self.skipTest("kubectl is not installed on this machine")
+        self.emu = Emulator(self, nodes=4)  # the master's pod takes a node of its own here
+        self.kc("apply", "-f", os.path.join(ROOT, "backends", "kubernetes", "deploy", "crd.yaml"))
+        self.operators = []
+        self.addCleanup(self.stop_operators)
+
+    def kc(self, *args, ok=True):
+        r = subprocess.run([self.kubectl, "--kubeconfig", self.emu.kubeconfig, *args], capture_output=True, text=True,
+                           timeout=60)
+        if ok:
+            self.assertEqual(r.returncode, 0, (args, r.stdout, r.stderr))
+        return r
+
+    def start_operator(self):
+        log = open(os.path.join(self.emu.dir, f"operator-{len(self.operators)}.log"), "w")
+        proc = subprocess.Popen([GOODPUT, "operator", "--kubeconfig", self.emu.kubeconfig, "--resync", "0.5"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.operators.append((proc, log))
+        return proc
+
+    def stop_operators(self):
+        for proc, log in self.operators:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+    def operator_log(self):
+        text = ""
+        for i in range(len(self.operators)):
+            with open(os.path.join(self.emu.dir, f"operator-{i}.log")) as f:
+                text += f.read()
+        master = os.path.join(self.emu.dir, "opjob-master", "container.log")
+        if os.path.exists(master):
+            with open(master) as f:
+                text += "\n--- master:\n" + f.read()[-4000:]
+        return text
+
+    def apply(self, manifest):
+        path = os.path.join(self.emu.dir, manifest["metadata"]["name"] + ".json")
+        with open(path, "w") as f:
+            json.dump(manifest, f)
+        return self.kc("apply", "-f", path)
+
+    def job(self, name):
+        return json.loads(self.kc("get", "gpj", name, "-o", "json").stdout)
+
+    def row(self, name):
+        return self.kc("get", "gpj", name, "--no-headers").stdout.split()
+
+    def wait(self, what, cond, timeout=90):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            got = cond()
+            if got:
+                return got
+            time.sleep(0.2)
+        self.fail(f"{what} never happened\n{self.operator_log()}")
+
+    def goodputjob(self, name, port, **over):
+        with open(os.path.join(ROOT, "examples/pytorch/policy.json")) as f:
+            policy = json.load(f)
+        job = spec(total_steps=1200, policy=policy, storage_dir=os.path.join(self.emu.dir, name + "-checkpoints"),
+                   backend={"image": "registry.example/goodput-trainer:1", "agent": GOODPUT, "memory_mb": 512,
+                            "cpu": "1"},
+                   master={"url": f"http://127.0.0.1:{port}", "port": port}, **over)
+        del job["job"]
+        return {"apiVersion": "goodput.dev/v1alpha1", "kind": "GoodputJob", "metadata": {"name": name}, "spec": job}
+
+    def test_the_operator_runs_a_goodputjob_through_an_oom_its_own_death_and_its_masters_then_deletes_it(self):
+        for manifest in ("operator.yaml", "job-namespace.yaml"):
+            self.assertIn("(dry run)", self.kc("apply", "--dry-run=client", "-f", os.path.join(
+                ROOT, "backends", "kubernetes", "deploy", "operator", manifest)).stdout)
+        operator = self.start_operator()
+        port = free_port()
+        self.assertIn("created", self.apply(self.goodputjob("opjob", port)).stdout)
+        # A job whose policy (free-form in the schema) has a key no policy knows: refused with the
+        # reason as a condition and an Event; nothing is made for it.
+        bad = self.goodputjob("badjob", free_port())
+        bad["spec"]["policy"]["recovery"]["max_restart"] = 3
+        self.assertIn("created", self.apply(bad).stdout)
+
+        uid = self.job("opjob")["metadata"]["uid"]
+        self.wait("Running on 2 of 2 nodes", lambda: self.row("opjob")[1:3] == ["Running", "2/2"])
+        masters = [r for r in self.emu.ok("GET", "/_emulator/requests")
+                   if r["method"] == "POST" and r["path"] == f"/api/v1/namespaces/{NS}/pods"
+                   and r["body"]["metadata"]["name"] == "opjob-master"]
+        self.assertEqual(len(masters), 1)
+        # What the job owns, each with its owner reference.
+        for kind, name in (("configmap", "opjob-job"), ("secret", "opjob-token"), ("service", "opjob-master"),
+                           ("persistentvolumeclaim", "opjob-log"), ("pod", "opjob-master")):
+            obj = json.loads(self.kc("get", kind, name, "-o", "json").stdout)
+            self.assertEqual([o["uid"] for o in obj["metadata"]["ownerReferences"]], [uid], (kind, name))
+        token = base64.b64decode(self.emu.ok("GET", f"/api/v1/namespaces/{NS}/secrets/opjob-token")["data"]["token"])
+        workers = {n: p for n, p in self.emu.pods().items() if n != "opjob-master"}
+        self.assertEqual(len(workers), 2)
+        for p in list(workers.values()) + [self.emu.pods()["opjob-master"]]:
+            self.assertEqual(p["metadata"]["ownerReferences"][0]["uid"], uid)  # the master's pods are the job's too
+            self.assertNotIn(token.decode(), json.dumps(p), "the token is read from the Secret, never in a pod")
+        self.assertEqual(self.emu.secrets(), ["opjob-token"], "the master makes no Secret of its own")
+
+        bad_job = self.wait("badjob refused", lambda: (lambda j: j if j.get("status", {}).get("phase") == "Failed"
+                                                       else None)(self.job("badjob")))
+        failed = [c for c in bad_job["status"]["conditions"] if c["type"] == "Failed"][0]
+        self.assertEqual((failed["status"], failed["reason"]), ("True", "InvalidSpec"))
+        self.assertIn("max_restart", failed["message"])
+        self.assertNotIn("badjob-master", self.emu.pods())
+        self.assertNotIn("configmap/badjob-job", self.kc("get", "configmaps", "-o", "name").stdout)
+
+        # A worker pod killed for memory: Recovering, then Running again, each an Event.
+        step = lambda: int(self.job("opjob")["status"].get("step", 0))
+        self.wait("step 100", lambda: step() >= 100)
+        victim = sorted(workers)[1]
+        phases = []
+        self.emu.ok("POST", "/_emulator/oom", {"namespace": NS, "pod": victim})
+        def recovered():
+            phases.append(self.row("opjob")[1])
+            return "Recovering" in phases and phases[-1] == "Running"
+        self.wait("recovery", recovered)
+        events = self.kc("get", "events").stdout
+        self.assertRegex(events, r"Warning\s+Recovering\s+goodputjob/opjob\s+node \S+ \(slot \d\): out_of_memory")
+        self.assertRegex(events, r"Normal\s+Recovered\s+goodputjob/opjob\s+training again")
+        self.assertRegex(events, r"Warning\s+InvalidSpec\s+goodputjob/badjob")
+        self.assertEqual(self.row("opjob")[5], "1", "one restart")
+
+        # The operator SIGKILLed mid-job and started again: the same master, no second one.
+        master_uid = self.emu.pods()["opjob-master"]["metadata"]["uid"]
+        operator.kill()
+        operator.wait()
+        self.start_operator()
+        at = step()
+        self.wait("progress under the new operator", lambda: step() >= at + 30)
+        self.assertEqual(self.emu.pods()["opjob-master"]["metadata"]["uid"], master_uid)
+
+        # The master's pod deleted: made again, it resumes from the log on the claim; the trainers
+        # were not restarted (the same worker pods, no restart in the log but the OOM's).
+        workers = {n: p["metadata"]["uid"] for n, p in self.emu.pods().items() if n != "opjob-master"}
+        self.kc("delete", "pod", "opjob-master")
+        self.wait("a new master", lambda: self.emu.pods().get("opjob-master", {}).get("metadata", {}).get(
+            "uid", master_uid) != master_uid)
+        self.wait("Succeeded", lambda: self.row("opjob")[1] == "Succeeded", timeout=180)
+        done = self.job("opjob")
+        self.assertEqual(done["status"]["step"], 1200)
+        self.assertRegex(done["status"]["goodput"], r"^\d+\.\d%$")
+        self.assertEqual(done["status"]["restarts"], 1)
+        self.assertNotIn("master_restarts", done["status"], "a deleted master is recreated, not counted as failed")
+        self.assertEqual(done["status"]["observed_generation"], 1)
+        log = os.path.join(self.emu.dir, "claims", NS, "opjob-log", "run", "events.db")
+        records = [json.loads(l) for l in subprocess.run([GOODPUT, "report", log, "--format", "events"],
+                                                         capture_output=True, text=True, check=True).stdout.splitlines()]
+        self.assertEqual(len(of_type(records, "restart_job")), 2, "the start and the OOM's restart, nothing more")
+        self.assertEqual(of_type(records, "job_finished")[-1]["reason"], "completed")
+        self.assertEqual(len(of_type(records, "node_joined")), 3, "two pods, and the OOM's replacement")
+        events = self.kc("get", "events").stdout
+        self.assertRegex(events, r"Warning\s+MasterRecreated\s+goodputjob/opjob")
+        self.assertRegex(events, r"Normal\s+Succeeded\s+goodputjob/opjob\s+completed 1200 steps")
+        masters = [r for r in self.emu.ok("GET", "/_emulator/requests")
+                   if r["method"] == "POST" and r["path"] == f"/api/v1/namespaces/{NS}/pods"
+                   and r["body"]["metadata"]["name"] == "opjob-master"]
+        self.assertEqual(len(masters), 2, "one master, and the one made after it was deleted")
+
+        # Deleting the GoodputJob takes everything it owns.
+        self.kc("delete", "goodputjob", "opjob", "badjob")
+        for kind in ("configmaps", "services", "persistentvolumeclaims", "events"):
+            self.assertEqual(self.kc("get", kind, "-o", "name").stdout.split(), [], kind)
+        self.assertEqual(self.emu.secrets(), [])
+        self.assertEqual(self.emu.pods(), {})
 
 
 class KubeBackendTest(unittest.TestCase):

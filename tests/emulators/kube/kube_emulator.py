@@ -13,7 +13,16 @@ as the apiserver refuses them (422).
 Pods really run: a created pod is scheduled on a Ready, untainted node that matches its
 nodeSelector and required node affinity (one pod per node), and its container's command + args run
 as a local process with its env (secretKeyRef values resolved from Secrets). The exit status becomes
-containerStatuses[0].state.terminated (Completed / Error, exitCode) and the pod phase.
+containerStatuses[0].state.terminated (Completed / Error, exitCode, and the termination message:
+the file at terminationMessagePath, or with FallbackToLogsOnError the log's tail) and the pod phase.
+This machine has no mount namespaces to give a pod, so its volumes are directories here: a
+persistentVolumeClaim's lives as long as the emulator (a new pod on the claim sees what the last one
+wrote), configMap and secret volumes hold their keys as files, an emptyDir is the pod's own; /dev/shm
+stays this machine's shared memory. A mountPath (and the terminationMessagePath) in the container's
+command, args, env values and workingDir is rewritten to its directory. A pod whose claim or
+ConfigMap does not exist is not scheduled (as the kubelet cannot mount it). In place of the service
+account volume a kubelet mounts at a fixed path, every pod gets KUBECONFIG, a kubeconfig for this
+emulator.
 
 Every other kind (ConfigMaps, Services, Events, PVCs, RBAC, Jobs, CustomResourceDefinitions and the
 custom resources they define, with their schema, status subresource, printer columns and
@@ -45,6 +54,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import threading
@@ -75,6 +85,7 @@ class Cluster:
         pull = load("ih-pod-imagepullbackoff.yaml")["status"]["containerStatuses"][0]["state"]["waiting"]
         self.fx_pull_reason = pull["reason"]
         self.state_dir = state_dir
+        self.pod_kubeconfig = os.path.join(state_dir, "pod-kubeconfig")
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.rv = 100
@@ -245,6 +256,9 @@ class Cluster:
             for (ns, name), p in list(self.pods.items()):
                 if owned(p):
                     self.delete_pod(ns, name)
+            for key, secret in list(self.secrets.items()):
+                if owned(secret):
+                    del self.secrets[key]
 
     # ---- pods --------------------------------------------------------------------------------------
     def create_pod(self, ns, body):
@@ -347,6 +361,8 @@ class Cluster:
                 if pod["status"]["phase"] != "Pending" or pod["spec"].get("nodeName"):
                     continue
                 image = pod["spec"]["containers"][0].get("image", "")
+                if self.unmountable(ns, pod):
+                    continue
                 node = next((n for n in self.nodes.values() if self.fits(pod, n)), None)
                 if node is None:
                     # As the scheduler says it: a PodScheduled=False condition, once.
@@ -378,6 +394,80 @@ class Cluster:
                     continue
                 self.start(ns, pod)
 
+    def unmountable(self, ns, pod):
+        """A volume the pod cannot get (its claim or ConfigMap is missing): it waits, said once."""
+        missing = None
+        for v in pod["spec"].get("volumes") or []:
+            if "persistentVolumeClaim" in v and (ns, v["persistentVolumeClaim"].get("claimName")) not in \
+                    self.objects.get(ko.key_of("", "v1", "persistentvolumeclaims"), {}):
+                missing = f'persistentvolumeclaim "{v["persistentVolumeClaim"].get("claimName")}" not found'
+            elif "configMap" in v and not v["configMap"].get("optional") and (ns, v["configMap"].get("name")) not in \
+                    self.objects.get(ko.key_of("", "v1", "configmaps"), {}):
+                missing = f'configmap "{v["configMap"].get("name")}" not found'
+        if missing and not any(c["type"] == "PodScheduled" for c in pod["status"].get("conditions", [])):
+            pod = copy.deepcopy(pod)
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "lastProbeTime": None, "lastTransitionTime": now_rfc3339(),
+                                            "message": f"0/{len(self.nodes)} nodes are available: {missing}."}]
+            self.put("pods", "MODIFIED", pod)
+        return missing is not None
+
+    def mounts(self, ns, pod):
+        """The container's volumes as directories here: {mountPath: directory}, the termination
+        message's path included (as a file)."""
+        c = pod["spec"]["containers"][0]
+        name = pod["metadata"]["name"]
+        volumes = {v.get("name"): v for v in pod["spec"].get("volumes") or []}
+        out = {}
+        for m in c.get("volumeMounts") or []:
+            path, v = m.get("mountPath", "").rstrip("/"), volumes.get(m.get("name"))
+            if v is None or not path or path == "/dev/shm":
+                continue
+            if "persistentVolumeClaim" in v:
+                host = os.path.join(self.state_dir, "claims", ns, v["persistentVolumeClaim"]["claimName"])
+            else:
+                host = os.path.join(self.state_dir, name, "volumes", v["name"])
+                shutil.rmtree(host, ignore_errors=True)
+            os.makedirs(host, exist_ok=True)
+            files = {}
+            if "configMap" in v:
+                cm = self.objects[ko.key_of("", "v1", "configmaps")].get((ns, v["configMap"].get("name"))) or {}
+                files = {k: val.encode() for k, val in (cm.get("data") or {}).items()}
+            elif "secret" in v:
+                secret = self.secrets.get((ns, v["secret"].get("secretName"))) or {}
+                files = {k: base64.b64decode(val) for k, val in (secret.get("data") or {}).items()}
+            for key, data in files.items():
+                with open(os.path.join(host, key), "wb") as f:
+                    f.write(data)
+            out[path] = host
+        log = os.path.join(self.state_dir, name, "termination-log")
+        if os.path.exists(log):
+            os.unlink(log)
+        out[c.get("terminationMessagePath", "/dev/termination-log")] = log
+        return out
+
+    @staticmethod
+    def rewrite(text, mounts):
+        for path in sorted(mounts, key=len, reverse=True):
+            text = re.sub(r"(?<![\w./-])" + re.escape(path) + r"(?=/|$|[\s'\";:])", lambda _: mounts[path], text)
+        return text
+
+    def termination_message(self, pod, code):
+        c = pod["spec"]["containers"][0]
+        name = pod["metadata"]["name"]
+        try:
+            with open(os.path.join(self.state_dir, name, "termination-log"), "rb") as f:
+                msg = f.read(4096).decode(errors="replace")
+        except OSError:
+            msg = ""
+        if not msg.strip() and code != 0 and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            try:
+                with open(os.path.join(self.state_dir, name, "container.log"), "rb") as f:
+                    msg = b"\n".join(f.read().splitlines()[-80:])[-2048:].decode(errors="replace")
+            except OSError:
+                msg = ""
+        return msg
+
     def back_off(self, ns, name):
         with self.lock:
             pod = self.pods.get((ns, name))
@@ -400,12 +490,17 @@ class Cluster:
                 env[e["name"]] = base64.b64decode(self.secrets[(ns, ref["name"])]["data"][ref["key"]]).decode()
             elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
                 env[e["name"]] = "127.0.0.1"  # every emulated pod really runs on this machine
+        mounts = self.mounts(ns, pod)
+        env = {k: self.rewrite(v, mounts) if k in {e["name"] for e in c.get("env", [])} else v for k, v in env.items()}
+        env["KUBECONFIG"] = self.pod_kubeconfig
         # The kubelet expands $(VAR) in command and args from the container's environment.
-        argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+        argv = [self.rewrite(re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a), mounts)
                 for a in list(c.get("command", [])) + list(c.get("args", []))]
         env["POD_NAME"] = pod["metadata"]["name"]
         name = pod["metadata"]["name"]
         workdir = os.path.join(self.state_dir, name)
+        if c.get("workingDir") and os.path.isdir(self.rewrite(c["workingDir"], mounts)):
+            workdir = self.rewrite(c["workingDir"], mounts)
         with self.lock:  # re-entrant: its end is written only once it is known as this pod's process
             proc = harness.spawn(argv, workdir, env, os.path.join(workdir, "container.log"),
                                  lambda p, rc: self.exited(ns, name, p, rc))
@@ -423,8 +518,11 @@ class Cluster:
                 return  # deleted, or its end was already written (OOM, node down)
             self.procs.pop((ns, name), None)
             code = rc if rc >= 0 else 128 - rc
-            self.terminate(pod, {"exitCode": code, "reason": "Completed" if code == 0 else "Error"},
-                           "Succeeded" if code == 0 else "Failed")
+            terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+            message = self.termination_message(pod, code)
+            if message.strip():
+                terminated["message"] = message
+            self.terminate(pod, terminated, "Succeeded" if code == 0 else "Failed")
 
     def terminate(self, pod, terminated, phase):
         pod = copy.deepcopy(pod)
@@ -517,7 +615,8 @@ class Handler(harness.Handler):
         if url.path == "/openapi/v3" or url.path.startswith("/openapi/v3/"):
             with c.lock:
                 core = [ko.Resource("", "v1", "pods", "Pod", True), ko.Resource("", "v1", "nodes", "Node", False),
-                        ko.Resource("", "v1", "secrets", "Secret", True)]
+                        ko.Resource("", "v1", "secrets", "Secret", True),
+                        ko.Resource("", "v1", "namespaces", "Namespace", False, ["ns"])]
                 resources = core + list(c.registry.values())
             if url.path == "/openapi/v3":
                 return self.reply(200, ko.openapi_index(resources))
@@ -537,7 +636,8 @@ class Handler(harness.Handler):
             return self.reply(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
                 res("pods", "Pod", True, ["create", "delete", "get", "list", "patch", "watch"]),
                 res("nodes", "Node", False, ["get", "list", "watch"]),
-                res("secrets", "Secret", True, ["create", "delete", "get", "list"])] + more})
+                res("secrets", "Secret", True, ["create", "delete", "get", "list"]),
+                res("namespaces", "Namespace", False, ["get"])] + more})
         if parts[:1] == ["apis"] and len(parts) >= 3:
             group, version = parts[1], parts[2]
             with c.lock:
@@ -835,7 +935,14 @@ def main():
             for (ns, name) in list(Handler.cluster.procs):
                 Handler.cluster.kill(ns, name)
 
-    harness.serve(Handler, a.port, stop, ctx)
+    def kubeconfig_for_pods(url):
+        with open(Handler.cluster.pod_kubeconfig, "w") as f:
+            f.write(f"apiVersion: v1\nkind: Config\nclusters:\n- name: emulator\n  cluster:\n    server: {url}\n"
+                    f"    insecure-skip-tls-verify: {'true' if ctx else 'false'}\nusers:\n- name: pod\n  user:\n"
+                    f"    token: pod-service-account\ncontexts:\n- name: emulator\n  context:\n    cluster: emulator\n"
+                    f"    user: pod\n    namespace: default\ncurrent-context: emulator\n")
+
+    harness.serve(Handler, a.port, stop, ctx, kubeconfig_for_pods)
 
 
 if __name__ == "__main__":
