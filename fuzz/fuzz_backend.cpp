@@ -1,10 +1,13 @@
 // Fuzzes what the live side reads from outside: job specs (JOB.json, with its backend section), the
 // Ray dashboard's answers (job details, job lists, the State API's node list), and the Kubernetes
-// API's (watch frames, pods and nodes as the backend reads them, YAML as in a kubeconfig). A parsed
-// object or a ConfigError / RayError / KubeError out, never a crash.
+// API's (watch frames, pods and nodes as the backend reads them, YAML as in a kubeconfig), and a
+// GoodputJob as the operator reads it (its job spec, the objects it owns, and its reconciliation
+// with the input's "pod" and "master" fields as the master's pod and /status). A parsed object or a
+// ConfigError / RayError / KubeError out, never a crash.
 #include <cstdint>
 #include <string>
 
+#include "backends/kubernetes/goodput_job.h"
 #include "backends/kubernetes/kube_client.h"
 #include "backends/kubernetes/kube_nodes.h"
 #include "backends/live/job_spec.h"
@@ -48,6 +51,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)goodput::ray::parse_node_list(j, "nodes");
   } catch (const goodput::ray::RayError&) {
   }
+  // As a GoodputJob.
+  try {
+    (void)goodput::kube::job_spec_of(j, j.is_object() && j.contains("policy_doc") ? j["policy_doc"] : nlohmann::json());
+  } catch (const goodput::ConfigError&) {
+  }
+  (void)goodput::kube::master_pod_for(j);
+  (void)goodput::kube::service_for(j);
+  (void)goodput::kube::log_claim_for(j);
+  (void)goodput::kube::awaits_spec(j);
+  goodput::kube::Observed seen;
+  if (j.is_object() && j.contains("pod")) seen.master_pod = j["pod"];
+  if (j.is_object() && j.contains("master")) seen.master = j["master"];
+  if (j.is_object() && j.contains("spec_error")) seen.spec_error = "refused";
+  (void)goodput::kube::reconcile(j, seen, "2026-12-07T00:00:00Z");
   // A policy given as a path would make the fuzzer read files: the policy parser has its own target.
   if (j.is_object() && j.contains("policy") && j["policy"].is_string()) j.erase("policy");
   try {

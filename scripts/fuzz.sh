@@ -19,6 +19,8 @@ cp examples/policies/*.json "$corpus/policy/"
 cp examples/pytorch/job.json "$corpus/backend/job.json"
 cp examples/pytorch/ps-job.json "$corpus/backend/ps-job.json"
 cp examples/unified/*.json "$corpus/backend/"
+/usr/bin/python3 -c 'import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)' \
+  examples/unified/goodputjob.yaml > "$corpus/backend/goodputjob.json"
 if [ -d ../shared/data/ray ]; then cp ../shared/data/ray/*.json "$corpus/backend/"; fi
 if [ -d ../shared/data/k8s ]; then cp ../shared/data/k8s/*.json ../shared/data/k8s/*.ndjson ../shared/data/k8s/*.yaml "$corpus/backend/"; fi
 # History importers: the first byte picks one ('0' Kubernetes objects and watch streams, '1' sacct,

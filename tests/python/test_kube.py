@@ -427,7 +427,16 @@ class GoodputOperatorTest(unittest.TestCase):
                 ROOT, "backends", "kubernetes", "deploy", "operator", manifest)).stdout)
         operator = self.start_operator()
         port = free_port()
-        self.assertIn("created", self.apply(self.goodputjob("opjob", port)).stdout)
+        # Its policy from a ConfigMap, as YAML (oom_memory_factor: 1.5 is a number there).
+        import yaml
+        policy = os.path.join(self.emu.dir, "policy.yaml")
+        with open(os.path.join(ROOT, "examples/pytorch/policy.json")) as f, open(policy, "w") as out:
+            yaml.safe_dump(json.load(f), out)
+        self.kc("create", "configmap", "training-policy", f"--from-file=policy.yaml={policy}")
+        job = self.goodputjob("opjob", port)
+        del job["spec"]["policy"]
+        job["spec"]["policy_from"] = {"configMapKeyRef": {"name": "training-policy", "key": "policy.yaml"}}
+        self.assertIn("created", self.apply(job).stdout)
         # A job whose policy (free-form in the schema) has a key no policy knows: refused with the
         # reason as a condition and an Event; nothing is made for it.
         bad = self.goodputjob("badjob", free_port())
@@ -503,6 +512,8 @@ class GoodputOperatorTest(unittest.TestCase):
         records = [json.loads(l) for l in subprocess.run([GOODPUT, "report", log, "--format", "events"],
                                                          capture_output=True, text=True, check=True).stdout.splitlines()]
         self.assertEqual(len(of_type(records, "restart_job")), 2, "the start and the OOM's restart, nothing more")
+        # The ConfigMap's policy decided: 1.5 times the memory.
+        self.assertEqual(decisions(records), [("out_of_memory", "relaunch_with_more_memory", 1500)])
         self.assertEqual(of_type(records, "job_finished")[-1]["reason"], "completed")
         self.assertEqual(len(of_type(records, "node_joined")), 3, "two pods, and the OOM's replacement")
         events = self.kc("get", "events").stdout
@@ -515,6 +526,9 @@ class GoodputOperatorTest(unittest.TestCase):
 
         # Deleting the GoodputJob takes everything it owns.
         self.kc("delete", "goodputjob", "opjob", "badjob")
+        self.assertEqual(self.kc("get", "configmaps", "-o", "name").stdout.split(), ["configmap/training-policy"],
+                         "the user's ConfigMap is not the job's")
+        self.kc("delete", "configmap", "training-policy")
         for kind in ("configmaps", "services", "persistentvolumeclaims", "events"):
             self.assertEqual(self.kc("get", kind, "-o", "name").stdout.split(), [], kind)
         self.assertEqual(self.emu.secrets(), [])
