@@ -221,7 +221,13 @@ TEST_CASE("a job's life as the operator sees it: created, running, a failure and
   CHECK(job["status"]["phase"] == "Running");  // the job itself trains on
   r = pass(job, {"", ended("Failed", 137, ""), std::nullopt});
   CHECK((r.master == Reconciled::Master::Replace && r.events.empty() && job["status"]["master_restarts"] == 1));
-  // Gone (deleted by the operator, or by someone): created again; it resumes from the log.
+  // Gone because the operator deleted it: made again, resuming from the log, already told.
+  r = pass(job, {"", std::nullopt, std::nullopt});
+  CHECK(r.master == Reconciled::Master::Create);
+  CHECK(r.events.empty());
+  // Gone because someone deleted it (or its node went): made again, and said.
+  r = pass(job, {"", pod("Running", "pod-1b"), std::nullopt});
+  CHECK(job["status"]["master_uid"] == "pod-1b");
   r = pass(job, {"", std::nullopt, std::nullopt});
   CHECK(r.master == Reconciled::Master::Create);
   CHECK(reasons(r) == std::vector<std::string>{"Warning MasterRecreated"});

@@ -289,12 +289,14 @@ Reconciled reconcile(const json& job, const Observed& seen, const std::string& n
       st["observed_generation"] = generation;  // the spec the master runs (the ConfigMap is written once)
       set_phase("Pending", "MasterCreated", "the master's pod is created");
       event("Normal", "MasterCreated", "created the job's master " + owned_names(name_of(job)).master);
-    } else {
+    } else if (str(old, "master_uid").empty() || str(old, "master_uid") != str(old, "replaced_master_uid")) {
+      // Not the operator's replacement of a master that ended (told then): deleted by someone, or lost.
       event("Warning", "MasterRecreated", "the master's pod was gone: a new one resumes the job from its event log");
     }
     return r;
   }
   const json& pod = *seen.master_pod;
+  if (const std::string uid = str(field(pod, "metadata"), "uid"); !uid.empty()) st["master_uid"] = uid;
   if (!field(field(pod, "metadata"), "deletionTimestamp").is_null()) return r;  // going: then it is created anew
   const std::string pod_phase = str(field(pod, "status"), "phase");
 

@@ -107,7 +107,12 @@ void Operator::watch_loop(bool jobs, const std::atomic<bool>& stop) {
       }
       said.clear();
     } catch (const KubeError& e) {
-      if (said != e.what()) std::cerr << "goodput operator: " << e.what() << " (trying again)\n";
+      if (said != e.what())
+        std::cerr << "goodput operator: " << e.what()
+                  << (jobs && e.code == 404 ? " (is the GoodputJob CRD installed? kubectl apply -f "
+                                              "backends/kubernetes/deploy/crd.yaml)"
+                                            : "")
+                  << " (trying again)\n";
       said = e.what();
       for (int i = 0; i < 20 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
