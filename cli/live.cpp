@@ -35,19 +35,6 @@ using nlohmann::json;
 
 using LiveError = ConfigError;  // bad input from the operator: exit code 2
 
-std::string random_token() {
-  unsigned char b[24];
-  std::ifstream in("/dev/urandom", std::ios::binary);
-  if (!in.read(reinterpret_cast<char*>(b), sizeof b)) throw LiveError("cannot read /dev/urandom for a token");
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s += hex[c >> 4];
-    s += hex[c & 15];
-  }
-  return s;
-}
-
 std::string read_first_line(const std::string& path) {
   std::ifstream in(path);
   std::string s;
@@ -173,7 +160,7 @@ int serve_job(ServeOptions& o) {
   // The token: the operator's (GOODPUT_TOKEN), the run's (on resume), or a fresh one.
   std::string token = std::getenv("GOODPUT_TOKEN") ? std::getenv("GOODPUT_TOKEN") : "";
   if (token.empty() && o.resume) token = read_first_line((run_dir / "token").string());
-  if (token.empty()) token = random_token();
+  if (token.empty()) token = net::random_token();
   write_private((run_dir / "token").string(), token + "\n");
   // Agents know the master by its URL: a resumed master listens where the old one did.
   if (o.resume && o.port == 0) {

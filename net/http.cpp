@@ -1,6 +1,7 @@
 #include "net/http.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -442,6 +443,21 @@ StreamResult http_stream(const Url& url, const std::string& method, const std::s
   }
   if (result.status != 200) result.body = std::move(error_body);
   return result;
+}
+
+std::string random_token() {
+  unsigned char b[24];
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  const bool ok = fd >= 0 && ::read(fd, b, sizeof b) == static_cast<ssize_t>(sizeof b);
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw std::runtime_error("cannot read /dev/urandom for a token");
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s += hex[c >> 4];
+    s += hex[c & 15];
+  }
+  return s;
 }
 
 }  // namespace goodput::net

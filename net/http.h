@@ -117,4 +117,7 @@ StreamResult http_stream(const Url& url, const std::string& method, const std::s
                          const TlsClient* tls, int idle_timeout_ms, const std::atomic<bool>& cancel,
                          const std::function<void(std::string_view)>& on_data);
 
+// A fresh bearer token: 24 bytes of /dev/urandom as hex. Throws std::runtime_error when it cannot be read.
+std::string random_token();
+
 }  // namespace goodput::net

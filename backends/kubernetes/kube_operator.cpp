@@ -27,19 +27,6 @@ std::string now_rfc3339() {
   return b;
 }
 
-std::string random_token() {
-  unsigned char b[24];
-  std::ifstream in("/dev/urandom", std::ios::binary);
-  if (!in.read(reinterpret_cast<char*>(b), sizeof b)) throw KubeError("cannot read /dev/urandom for a token", 0);
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s += hex[c >> 4];
-    s += hex[c & 15];
-  }
-  return s;
-}
-
 std::string core_path(const std::string& ns, const std::string& plural) {
   return "/api/v1/namespaces/" + ns + "/" + plural;
 }
@@ -159,7 +146,7 @@ std::string Operator::token_of(const json& job, bool create) {
   } catch (const KubeError& e) {
     if (e.code != 404 || !create) throw;
   }
-  const std::string token = random_token();
+  const std::string token = net::random_token();
   try {
     client_.call("POST", core_path(ns, "secrets"), token_secret_for(job, token));
   } catch (const KubeError& e) {

@@ -164,7 +164,18 @@ class KubeEmulatorProtocolTest(unittest.TestCase):
                                  text=True, timeout=30)
         self.assertIn('pods "nope" not found', missing.stderr)
 
-class GoodputJobResourceTest(unittest.TestCase):
+class Kubectl:
+    """The real kubectl against the test's emulator (self.emu; self.kubectl is its path)."""
+
+    def kc(self, *args, ok=True):
+        r = subprocess.run([self.kubectl, "--kubeconfig", self.emu.kubeconfig, *args], capture_output=True, text=True,
+                           timeout=60)
+        if ok:
+            self.assertEqual(r.returncode, 0, (args, r.stdout, r.stderr))
+        return r
+
+
+class GoodputJobResourceTest(Kubectl, unittest.TestCase):
     """The GoodputJob custom resource (backends/kubernetes/deploy/crd.yaml) as Kubernetes users meet it:
     the real kubectl applies the CRD and the example job, lists them with their printer columns, and
     is refused what the schema does not allow; the official Python client (python3-kubernetes) writes
@@ -176,13 +187,6 @@ class GoodputJobResourceTest(unittest.TestCase):
         if not self.kubectl:
             self.skipTest("kubectl is not installed on this machine")
         self.emu = Emulator(self)
-
-    def kc(self, *args, ok=True):
-        r = subprocess.run([self.kubectl, "--kubeconfig", self.emu.kubeconfig, *args], capture_output=True, text=True,
-                           timeout=60)
-        if ok:
-            self.assertEqual(r.returncode, 0, (args, r.stdout, r.stderr))
-        return r
 
     def apply_job(self, text):
         path = os.path.join(self.emu.dir, "job.yaml")
@@ -340,7 +344,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-class GoodputOperatorTest(unittest.TestCase):
+class GoodputOperatorTest(Kubectl, unittest.TestCase):
     """`goodput operator` as Kubernetes users meet it: the real kubectl applies the CRD and a
     GoodputJob, the operator (a real process, SIGKILLed and started again mid-job) creates the
     job's master (a pod the emulator runs: a real `goodput run`, its event log on the job's
@@ -357,13 +361,6 @@ class GoodputOperatorTest(unittest.TestCase):
         self.kc("apply", "-f", os.path.join(ROOT, "backends", "kubernetes", "deploy", "crd.yaml"))
         self.operators = []
         self.addCleanup(self.stop_operators)
-
-    def kc(self, *args, ok=True):
-        r = subprocess.run([self.kubectl, "--kubeconfig", self.emu.kubeconfig, *args], capture_output=True, text=True,
-                           timeout=60)
-        if ok:
-            self.assertEqual(r.returncode, 0, (args, r.stdout, r.stderr))
-        return r
 
     def start_operator(self):
         log = open(os.path.join(self.emu.dir, f"operator-{len(self.operators)}.log"), "w")
