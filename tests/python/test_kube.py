@@ -362,9 +362,9 @@ class GoodputOperatorTest(Kubectl, unittest.TestCase):
         self.operators = []
         self.addCleanup(self.stop_operators)
 
-    def start_operator(self):
+    def start_operator(self, *args):
         log = open(os.path.join(self.emu.dir, f"operator-{len(self.operators)}.log"), "w")
-        proc = subprocess.Popen([GOODPUT, "operator", "--kubeconfig", self.emu.kubeconfig, "--resync", "0.5"],
+        proc = subprocess.Popen([GOODPUT, "operator", "--kubeconfig", self.emu.kubeconfig, "--resync", "0.5", *args],
                                 stdout=log, stderr=subprocess.STDOUT)
         self.operators.append((proc, log))
         return proc
@@ -483,11 +483,12 @@ class GoodputOperatorTest(Kubectl, unittest.TestCase):
         self.assertRegex(events, r"Warning\s+InvalidSpec\s+goodputjob/badjob")
         self.assertEqual(self.row("opjob")[5], "1", "one restart")
 
-        # The operator SIGKILLed mid-job and started again: the same master, no second one.
+        # The operator SIGKILLed mid-job and started again (watching every namespace now): the same
+        # master, no second one.
         master_uid = self.emu.pods()["opjob-master"]["metadata"]["uid"]
         operator.kill()
         operator.wait()
-        self.start_operator()
+        self.start_operator("--all-namespaces")
         at = step()
         self.wait("progress under the new operator", lambda: step() >= at + 30)
         self.assertEqual(self.emu.pods()["opjob-master"]["metadata"]["uid"], master_uid)
