@@ -99,6 +99,14 @@ TEST_CASE("a bad policy is refused with the file it came from, before the run wr
     CHECK(r.output.find("nonexistent") != std::string::npos);
     CHECK_FALSE(std::filesystem::exists(run_dir));  // no directory, no events.db, no token
   }
+  // With --termination-log (a pod's terminationMessagePath), the same end as one JSON object.
+  const auto refused = run_command(goodput_cmd("run " + inline_spec + " --run-dir " + run_dir + " --termination-log " +
+                                               dir.file("termination-log")));
+  CHECK(refused.exit_code == 2);
+  std::ifstream term(dir.file("termination-log"));
+  const nlohmann::json ended = nlohmann::json::parse(term);
+  CHECK(ended["exit"] == 2);
+  CHECK(ended["error"].get<std::string>().find("field 'recovery.policy'") != std::string::npos);
   // A start that failed after the log was made but before its first event left an empty log: the
   // next start goes ahead (here `goodput master`, which waits for agents; it is stopped at once).
   std::filesystem::create_directories(run_dir);
