@@ -261,6 +261,9 @@ struct RestartJob {
   Duration delay = 0;   // backoff before the processes start
   int64_t restore_step = 0;
   Tier restore_tier = Tier::None;
+  // The trainers start warm (recovery.warm_start): interpreters started beforehand with the job's
+  // imports done take the restart, so it costs the cost model's warm_restart, not process_restart.
+  bool warm = false;
 };
 
 using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpareNode, NodeReturned, SlowdownObserved,

@@ -66,7 +66,7 @@ template <class F> void fields(ScaleRequested& v, F&& f) {
 }
 template <class F> void fields(RestartJob& v, F&& f) {
   f("world_size", v.world_size); f("restart", v.restart); f("delay_ns", v.delay); f("restore_step", v.restore_step);
-  f("restore_tier", v.restore_tier);
+  f("restore_tier", v.restore_tier); f.optional("warm", v.warm);
 }
 
 constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeNames = {

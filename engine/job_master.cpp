@@ -64,7 +64,9 @@ void JobMaster::observe(EventPayload observation) {
     // Mechanics, not policy: once every slot of the world has a node, (re)start the trainers.
     if (state_.needs_restart() && state_.vacant_slots() == 0 && state_.world_size() > 0) {
       const auto restore = state_.checkpoints().best_restore(policies_.recovery->restore_from_memory());
-      decide(RestartJob{state_.world_size(), state_.restart_jobs(), state_.last_backoff(), restore.step, restore.tier});
+      // The first start is cold; a restart is warm where the policy keeps interpreters ready.
+      const bool warm = state_.restart_jobs() > 0 && policies_.recovery->warm_start();
+      decide(RestartJob{state_.world_size(), state_.restart_jobs(), state_.last_backoff(), restore.step, restore.tier, warm});
     }
   } else if (!state_.finished() && options_.finish_on_give_up) {
     decide(with_restore(JobFinished{"gave-up", state_.steps_done()}));

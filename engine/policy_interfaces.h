@@ -22,6 +22,8 @@ class RecoveryPolicy {
   virtual RecoveryDecided on_failure(const JobState& state, const FailureObserved& failure) const = 0;
   // Whether a restart may load the host-memory checkpoint (flash) or must go to storage.
   virtual bool restore_from_memory() const = 0;
+  // Whether restarts start the trainers warm (pre-started interpreters with the job's imports).
+  virtual bool warm_start() const { return false; }
   // A node became slower (or recovered); a decision to replace it, or nothing.
   virtual std::optional<RecoveryDecided> on_slowdown(const JobState&, const SlowdownObserved&) const {
     return std::nullopt;

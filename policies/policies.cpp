@@ -29,6 +29,9 @@ struct RecoveryLimits {
   // off (startup_backoff, doubled each time) and gives up at the max_startup_failures-th failure.
   int32_t max_startup_failures = 5;
   Duration startup_backoff = kSecond;
+  // Restarts start the trainers warm: interpreters started beforehand, the job's imports done, take
+  // over (the cost model's warm_restart instead of process_restart).
+  bool warm_start = false;
 
   void read(ConfigReader& r) {
     max_restarts_per_node = static_cast<int32_t>(r.integer(
@@ -40,6 +43,7 @@ struct RecoveryLimits {
     backoff_max = r.duration("backoff_max", backoff_max);
     max_startup_failures = static_cast<int32_t>(r.integer("max_startup_failures", max_startup_failures, 0, 1'000'000));
     startup_backoff = r.duration("startup_backoff", startup_backoff);
+    warm_start = r.boolean("warm_start", warm_start);
   }
   // A failure before the job trained since its restart, repeating the one before it.
   bool repeats_at_startup(const JobState& s, const FailureObserved& f) const {
@@ -133,6 +137,7 @@ class DiagnoseRecovery final : public RecoveryPolicy {
     return d;
   }
   bool restore_from_memory() const override { return restore_memory_; }
+  bool warm_start() const override { return limits_.warm_start; }
 
   // A node running `replace_stragglers_above` times slower than it should is replaced: the whole
   // synchronous job runs at its pace, so a relaunch (and the recompute it costs) can pay for itself.
@@ -177,6 +182,7 @@ class RestartAllRecovery final : public RecoveryPolicy {
     return d;
   }
   bool restore_from_memory() const override { return false; }
+  bool warm_start() const override { return limits_.warm_start; }
 
  private:
   RecoveryLimits limits_;

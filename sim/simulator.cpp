@@ -663,7 +663,7 @@ void Simulator::execute(const Event& d) {
                          trace_.job.heartbeat_timeout);
             return;
           }
-          queue_.push(clock_.now() + p.delay + trace_.job.process_restart_of(p.restart),
+          queue_.push(clock_.now() + p.delay + trace_.job.process_start_of(p.restart, p.warm),
                       Item{ItemKind::ProcessesUp, 0, 0, restart_gen_});
         } else if constexpr (std::is_same_v<T, JobFinished>) {
           stop_training();

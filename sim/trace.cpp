@@ -50,6 +50,8 @@ void read_job(ConfigReader& r, JobSpec& j) {
   j.memory_bandwidth_bytes_per_s = r.integer("memory_bandwidth_bytes_per_s", j.memory_bandwidth_bytes_per_s, 1, int64_t{1} << 50);
   j.storage_bandwidth_bytes_per_s = r.integer("storage_bandwidth_bytes_per_s", j.storage_bandwidth_bytes_per_s, 1, int64_t{1} << 50);
   j.process_restart = r.duration("process_restart", j.process_restart);
+  j.warm_restart = r.duration("warm_restart", j.warm_restart);
+  if (j.warm_restart < 0) r.fail("warm_restart", "must not be negative");
   j.node_scheduling = r.duration("node_scheduling", j.node_scheduling);
   j.rendezvous = r.duration("rendezvous", j.rendezvous);
   j.exit_detection = r.duration("exit_detection", j.exit_detection);
@@ -265,6 +267,7 @@ std::string write_trace(const Trace& t) {
   job["memory_bandwidth_bytes_per_s"] = t.job.memory_bandwidth_bytes_per_s;
   job["storage_bandwidth_bytes_per_s"] = t.job.storage_bandwidth_bytes_per_s;
   job["process_restart"] = dur(t.job.process_restart);
+  if (t.job.warm_restart != JobSpec{}.warm_restart) job["warm_restart"] = dur(t.job.warm_restart);
   job["node_scheduling"] = dur(t.job.node_scheduling);
   job["rendezvous"] = dur(t.job.rendezvous);
   job["exit_detection"] = dur(t.job.exit_detection);

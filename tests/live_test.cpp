@@ -74,6 +74,9 @@ TEST_CASE("a job spec names the file and field it rejects") {
   CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"heartbeat_timeout":"100ms"})").find("heartbeat_timeout") !=
         std::string::npos);
   CHECK(error_of("{").find("job.json: not valid JSON") != std::string::npos);
+  // A policy option the live side does not have yet is refused, not silently ignored.
+  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"policy":{"recovery":{"warm_start":true}}})")
+            .find("field 'recovery.warm_start' is for the simulator so far") != std::string::npos);
   const live::JobSpec s = live::load_job_spec(write(R"({"job":"j","command":["a","b c"],"total_steps":10,"nodes":3,
       "step_time":"2s","env":{"A":"1"},"data_shards":30})"));
   CHECK(s.command == std::vector<std::string>{"a", "b c"});

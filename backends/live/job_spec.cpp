@@ -335,11 +335,15 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
       r.fail("policy", "must be a policy file path or a policy object");
     }
     // Checked now, before anything of the run is written, and named by where it came from.
+    bool warm = false;
     try {
-      (void)load_policy(s.policy);
+      warm = load_policy(s.policy).recovery->warm_start();
     } catch (const PolicyError& e) {
       throw ConfigError(source + ": " + e.what());
     }
+    if (warm)
+      throw ConfigError(source + ": field 'recovery.warm_start' is for the simulator so far: live trainers start cold "
+                                 "(the warm interpreter pool is not built yet)");
   }
   s.storage_dir = r.text("storage_dir", "");
   s.data_shards = r.integer("data_shards", 0, 0, 100'000'000);
