@@ -201,6 +201,13 @@ struct ScaleRequested {
   std::string reason;
 };
 
+// The job's pool of warm spares (scaling.warm_spares) now holds `held` ready machines: placed,
+// checked and idle, each able to take a lost node's slot at the cost of spare_activation. They count
+// as accelerators the job holds.
+struct SparesHeld {
+  int32_t held = 0;
+};
+
 struct JobFinished {
   std::string reason;  // "completed", "horizon", "gave-up", "stopped"
   int64_t step = 0;
@@ -270,7 +277,7 @@ using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpa
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
                                   RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved,
-                                  CheckRequested, StallObserved, ApiRefused, ScaleRequested>;
+                                  CheckRequested, StallObserved, ApiRefused, ScaleRequested, SparesHeld>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

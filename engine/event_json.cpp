@@ -64,6 +64,7 @@ template <class F> void fields(ScaleDecided& v, F&& f) {
 template <class F> void fields(ScaleRequested& v, F&& f) {
   f("group", v.group); f("from", v.from); f("to", v.to); f("release", v.release); f("reason", v.reason);
 }
+template <class F> void fields(SparesHeld& v, F&& f) { f("held", v.held); }
 template <class F> void fields(RestartJob& v, F&& f) {
   f("world_size", v.world_size); f("restart", v.restart); f("delay_ns", v.delay); f("restore_step", v.restore_step);
   f("restore_tier", v.restore_tier); f.optional("warm", v.warm);
@@ -75,7 +76,7 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
     "restart_job",         "shards_completed", "shards_assigned",  "node_checked",
     "status_observed",     "check_requested",     "stall_observed",      "api_refused",
-    "scale_requested"};
+    "scale_requested",     "spares_held"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",

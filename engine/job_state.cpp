@@ -90,7 +90,7 @@ void JobState::accrue(Time until) {
   if (!started_ || finished_ || until <= accrued_to_) return;
   const Duration dt = until - accrued_to_;
   accrued_to_ = until;
-  accel_held_ += static_cast<double>(dt) * held_count_ * job_.accelerators_per_node;
+  accel_held_ += static_cast<double>(dt) * (held_count_ + spares_held_) * job_.accelerators_per_node;
   const Phase ph = phase();
   if (ph != Phase::Training) full_speed_since_ = kNever;
   switch (ph) {
@@ -136,7 +136,18 @@ void JobState::stop_credit_at(Time since) {
   if (since < accrued_to_ && since >= full_speed_since_) {
     const Duration back = accrued_to_ - since;
     take_back_progress(progress_ - std::min(back, progress_));
-    accel_held_ -= static_cast<double>(back) * held_count_ * job_.accelerators_per_node;
+    // The slots are held throughout (a change would have broken full speed); warm spares may have
+    // come and gone meanwhile: their time is taken back change by change.
+    double spare_ns = 0;
+    Time hi = accrued_to_;
+    int32_t count = spares_held_;
+    for (auto it = spare_changes_.rbegin(); it != spare_changes_.rend() && it->first > since; ++it) {
+      spare_ns += static_cast<double>(hi - std::min(hi, it->first)) * count;
+      hi = std::min(hi, it->first);
+      count = it->second;
+    }
+    spare_ns += static_cast<double>(hi - since) * count;
+    accel_held_ -= (static_cast<double>(back) * held_count_ + spare_ns) * job_.accelerators_per_node;
     accrued_to_ = since;
   }
   accrue(std::clamp(since, accrued_to_, now_));
@@ -163,7 +174,7 @@ void JobState::apply(const Event& e) {
             // Progress stopped at stalled_since; the rest until now is detection latency.
             stop_credit_at(p.stalled_since);
             const Duration detection = now_ - accrued_to_;
-            accel_held_ += static_cast<double>(detection) * held_count_ * job_.accelerators_per_node;
+            accel_held_ += static_cast<double>(detection) * (held_count_ + spares_held_) * job_.accelerators_per_node;
             add_loss(Loss::Detection, detection);
             accrued_to_ = now_;
           } else {
@@ -200,7 +211,7 @@ void JobState::apply(const Event& e) {
           const Duration blocking =
               std::clamp<Duration>(p.blocking * std::max<int64_t>(p.count, 1), 0, now_ - accrued_to_);
           accrue(now_ - blocking);
-          accel_held_ += static_cast<double>(blocking) * held_count_ * job_.accelerators_per_node;
+          accel_held_ += static_cast<double>(blocking) * (held_count_ + spares_held_) * job_.accelerators_per_node;
           add_loss(Loss::CheckpointSave, blocking);
           accrued_to_ = now_;
           checkpoints_.on_saved(p, progress_);
@@ -208,7 +219,13 @@ void JobState::apply(const Event& e) {
           failures_since_checkpoint_ = 0;
         } else {
           accrue(now_);
-          if constexpr (std::is_same_v<T, NodeJoined>) {
+          if constexpr (std::is_same_v<T, SparesHeld>) {
+            // Kept while training at full speed, for stop_credit_at; older changes are never needed.
+            std::erase_if(spare_changes_, [&](const auto& c) { return c.first < full_speed_since_; });
+            if (spare_changes_.size() >= 4096) spare_changes_.erase(spare_changes_.begin());
+            if (full_speed_since_ != kNever) spare_changes_.emplace_back(now_, spares_held_);
+            spares_held_ = std::max(p.held, 0);
+          } else if constexpr (std::is_same_v<T, NodeJoined>) {
             set_held(p.node, true);
             // A machine for that slot (or, for a spare, for the first slot that has none).
             if (p.slot >= 0) no_machine_.erase(p.slot);

@@ -61,6 +61,7 @@ class JobState {
   // The world the job is meant to have: JobStarted's nodes, changed by operators' scale requests.
   int32_t target_nodes() const { return target_nodes_; }
   int32_t nodes_held() const { return held_count_; }         // machines holding a slot
+  int32_t spares_held() const { return spares_held_; }       // warm spares ready (scaling.warm_spares)
   int32_t vacant_slots() const { return world_size_ > held_count_ ? world_size_ - held_count_ : 0; }
   // Vacant slots no machine is on its way to (a no_spare_node not yet answered by a join or by a
   // returned machine).
@@ -155,6 +156,8 @@ class JobState {
   int32_t world_size_ = 0;
   int32_t target_nodes_ = 0;
   int32_t held_count_ = 0;
+  int32_t spares_held_ = 0;  // warm spares ready for the job (held, not training)
+  std::vector<std::pair<Time, int32_t>> spare_changes_;  // (when, the count before) while at full speed
   std::set<int32_t> no_machine_;  // slots waiting for capacity
   // Keyed by node id: ids come from logs and traces, so they may be sparse, huge or negative.
   std::set<NodeId> held_;

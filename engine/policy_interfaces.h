@@ -41,6 +41,9 @@ class ScalingPolicy {
  public:
   virtual ~ScalingPolicy() = default;
   virtual std::optional<ScaleDecided> decide(const JobState& state, const EventPayload& event) const = 0;
+  // Machines to keep ready beside the world (placed, checked, idle) so that a lost node's slot is
+  // taken at once instead of waiting for a placement.
+  virtual int32_t warm_spares() const { return 0; }
 };
 
 struct PolicySet {

@@ -279,10 +279,17 @@ class YoungDalyCheckpoint final : public CheckpointPolicy {
 
 // ---- scaling -------------------------------------------------------------------------------------
 
+int32_t read_warm_spares(ConfigReader& r) { return static_cast<int32_t>(r.integer("warm_spares", 0, 0, 100'000)); }
+
 // Never change the world size: a lost node's slot waits for a spare.
 class WaitScaling final : public ScalingPolicy {
  public:
+  explicit WaitScaling(ConfigReader& r) : warm_spares_(read_warm_spares(r)) {}
   std::optional<ScaleDecided> decide(const JobState&, const EventPayload&) const override { return std::nullopt; }
+  int32_t warm_spares() const override { return warm_spares_; }
+
+ private:
+  int32_t warm_spares_ = 0;
 };
 
 // Keep training with the nodes that are there when no spare is free; grow back when nodes join.
@@ -290,7 +297,9 @@ class ElasticScaling final : public ScalingPolicy {
  public:
   explicit ElasticScaling(ConfigReader& r) {
     min_nodes_ = static_cast<int32_t>(r.integer("min_nodes", 1, 1, 1'000'000));
+    warm_spares_ = read_warm_spares(r);
   }
+  int32_t warm_spares() const override { return warm_spares_; }
   std::optional<ScaleDecided> decide(const JobState& s, const EventPayload& e) const override {
     const int32_t world = s.world_size();
     const int32_t held = s.nodes_held();
@@ -304,6 +313,7 @@ class ElasticScaling final : public ScalingPolicy {
 
  private:
   int32_t min_nodes_ = 1;
+  int32_t warm_spares_ = 0;
 };
 
 // ---- registry ------------------------------------------------------------------------------------
@@ -327,7 +337,7 @@ const std::map<std::string, Factory<CheckpointPolicy>>& checkpoint_registry() {
 }
 const std::map<std::string, Factory<ScalingPolicy>>& scaling_registry() {
   static const std::map<std::string, Factory<ScalingPolicy>> m = {
-      {"wait", [](ConfigReader&) { return std::make_shared<WaitScaling>(); }},
+      {"wait", [](ConfigReader& r) { return std::make_shared<WaitScaling>(r); }},
       {"elastic", [](ConfigReader& r) { return std::make_shared<ElasticScaling>(r); }},
   };
   return m;

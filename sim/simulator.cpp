@@ -22,12 +22,15 @@ Simulator::Simulator(const Trace& trace, PolicySet policies, SimOptions options,
       slots_(static_cast<size_t>(trace.cluster.nodes)),
       free_(trace.machines()),
       waiting_(trace.cluster.nodes),
-      down_in_job_(trace.machines()) {
+      down_in_job_(trace.machines()),
+      warm_(trace.machines()),
+      warming_(trace.machines()) {
   const bool generate = options_.resample || (trace.events.empty() && !trace.rates.empty());
   if (generate && trace.rates.empty())
     throw TraceError(trace.path + ": --resample needs 'failure_rates' in the trace header");
   events_ = generate ? generate_failures(trace, options_.seed) : trace.events;
   target_ = trace.cluster.nodes;
+  warm_target_ = master_.policies().scaling->warm_spares();
   for (int32_t m = 0; m < trace.machines(); ++m) free_.insert(m);
 }
 
@@ -295,9 +298,26 @@ void Simulator::catch_up(Time t) {
 
 void Simulator::try_fill() {
   std::vector<Item> placed;
+  bool spares_taken = false;
   for (int32_t s = waiting_.next(); s >= 0; s = waiting_.next(s + 1)) {
     Slot& slot = slots_[s];
-    if (free_.empty()) {
+    // A warm spare first (it only has to take the slot); else a free machine to place; else a
+    // spare still warming (ready, then it takes the slot); else there is none.
+    int32_t m = -1;
+    Duration delay = trace_.job.node_scheduling;
+    if (!warm_.empty()) {
+      m = warm_.next();
+      warm_.erase(m);
+      delay = trace_.job.spare_activation;
+      spares_taken = true;
+    } else if (!free_.empty()) {
+      m = free_.next();
+      free_.erase(m);
+    } else if (!warming_.empty()) {
+      m = warming_.next();
+      warming_.erase(m);
+      delay = std::max<Duration>(0, machines_[m].ready_at - clock_.now()) + trace_.job.spare_activation;
+    } else {
       if (!slot.reported) {
         slot.reported = true;
         queue_.push(clock_.now(), Item{ItemKind::NoSpare, s});
@@ -305,15 +325,14 @@ void Simulator::try_fill() {
       continue;
     }
     waiting_.erase(s);
-    const int32_t m = free_.next();
-    free_.erase(m);
     Machine& mach = machines_[m];
     mach.state = MachineState::Joining;
     mach.slot = s;
     ++mach.gen;
     slot.waiting = false;
     slot.reported = false;
-    placed.push_back(Item{ItemKind::Joined, s, m, mach.gen});
+    if (delay == trace_.job.node_scheduling) placed.push_back(Item{ItemKind::Joined, s, m, mach.gen});
+    else queue_.push(clock_.now() + delay, Item{ItemKind::Joined, s, m, mach.gen});
   }
   // Nodes placed together come up together: one queue entry for all of them (a job's start places
   // thousands at once).
@@ -324,11 +343,31 @@ void Simulator::try_fill() {
     queue_.push(clock_.now() + trace_.job.node_scheduling,
                 Item{ItemKind::JoinedBatch, static_cast<int32_t>(join_batches_.size() - 1)});
   }
+  refill_spares();
+  if (spares_taken) queue_.push(clock_.now(), Item{ItemKind::SparesChanged});
+}
+
+void Simulator::refill_spares() {
+  while (warm_.size() + warming_.size() < warm_target_ && !free_.empty()) {
+    const int32_t m = free_.next();
+    free_.erase(m);
+    Machine& mach = machines_[m];
+    mach.state = MachineState::Warming;
+    ++mach.gen;
+    mach.ready_at = clock_.now() + trace_.job.node_scheduling;
+    warming_.insert(m);
+    queue_.push(mach.ready_at, Item{ItemKind::SpareReady, m, 0, mach.gen});
+  }
 }
 
 void Simulator::machine_down(int32_t m, Duration repair) {
   Machine& mach = machines_[m];
   if (mach.state == MachineState::Free) free_.erase(m);
+  if (mach.state == MachineState::Warming) warming_.erase(m);
+  if (mach.state == MachineState::Warm) {
+    warm_.erase(m);
+    queue_.push(clock_.now(), Item{ItemKind::SparesChanged});
+  }
   if (mach.slot >= 0 && slots_[mach.slot].machine == m) down_in_job_.insert(m);
   mach.state = MachineState::Down;
   ++mach.gen;
@@ -439,6 +478,13 @@ void Simulator::on_trace_event(const TraceEvent& e) {
     case MachineState::Free:
       if (machine_fault) machine_down(m, e.duration);
       return;
+    case MachineState::Warming:
+    case MachineState::Warm:  // a spare lost: another free machine takes its place in the pool
+      if (machine_fault) {
+        machine_down(m, e.duration);
+        refill_spares();
+      }
+      return;
     case MachineState::Joining:
       if (machine_fault) {
         const int32_t s = mach.slot;
@@ -547,6 +593,21 @@ void Simulator::handle(const Item& item) {
       try_fill();
       return;
     }
+    case ItemKind::SpareReady: {
+      Machine& mach = machines_[item.a];
+      if (mach.gen != item.gen || mach.state != MachineState::Warming) return;
+      mach.state = MachineState::Warm;
+      warming_.erase(item.a);
+      warm_.insert(item.a);
+      queue_.push(clock_.now(), Item{ItemKind::SparesChanged});
+      try_fill();
+      return;
+    }
+    case ItemKind::SparesChanged:
+      if (warm_.size() == spares_reported_) return;
+      spares_reported_ = warm_.size();
+      master_.observe(SparesHeld{spares_reported_});
+      return;
     case ItemKind::PauseEnd:
       if (!paused_ || item.gen != pause_gen_) return;
       // The job goes on by itself from where it stopped; what the pause cost is a stall.

@@ -34,7 +34,7 @@ class Simulator final : public Backend {
  private:
   enum class ItemKind : uint8_t {
     Detect, Joined, JoinedBatch, OomAgain, Repaired, ProcessesUp, RendezvousDone, LoadDone, SlowdownEnd, Completed, Horizon,
-    NoSpare, PauseEnd
+    NoSpare, PauseEnd, SpareReady, SparesChanged
   };
   struct Item {
     ItemKind kind;
@@ -42,9 +42,11 @@ class Simulator final : public Backend {
     int32_t b = 0;
     uint64_t gen = 0;
   };
-  enum class MachineState : uint8_t { Free, Joining, InJob, Down };
+  // Warming and Warm: a warm spare (scaling.warm_spares) being placed and checked, and ready.
+  enum class MachineState : uint8_t { Free, Joining, InJob, Down, Warming, Warm };
   struct Machine {
     MachineState state = MachineState::Free;
+    Time ready_at = 0;  // Warming: when it is ready
     int32_t slot = -1;
     uint64_t gen = 0;  // bumped when a pending join or repair is cancelled
     int32_t slowdown_permille = 1000;
@@ -68,6 +70,7 @@ class Simulator final : public Backend {
   void release_slot(int32_t slot);
   void resize_world(int32_t delta);  // an operator's scale: slots added at the end or taken from it
   void try_fill();
+  void refill_spares();  // free machines start warming until the pool is full
   void stop_training();
   void start_training(int64_t step);
   void schedule_training();
@@ -104,6 +107,10 @@ class Simulator final : public Backend {
   IndexSet free_;         // machines free to be placed, lowest first
   IndexSet waiting_;      // slots that need a machine
   IndexSet down_in_job_;  // machines that are down but still hold their slot
+  IndexSet warm_;         // warm spares ready to take a slot
+  IndexSet warming_;      // warm spares on their way
+  int32_t warm_target_ = 0;      // the policy's scaling.warm_spares
+  int32_t spares_reported_ = 0;  // the pool as the master last heard of it
   std::vector<int32_t> short_of_memory_;  // slots whose process will run out of memory again
   size_t next_trace_ = 0;  // trace events are sorted: read in order, not queued
   int32_t slowed_ = 0;         // machines running slow (most runs have none)

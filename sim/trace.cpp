@@ -53,6 +53,8 @@ void read_job(ConfigReader& r, JobSpec& j) {
   j.warm_restart = r.duration("warm_restart", j.warm_restart);
   if (j.warm_restart < 0) r.fail("warm_restart", "must not be negative");
   j.node_scheduling = r.duration("node_scheduling", j.node_scheduling);
+  j.spare_activation = r.duration("spare_activation", j.spare_activation);
+  if (j.spare_activation < 0) r.fail("spare_activation", "must not be negative");
   j.rendezvous = r.duration("rendezvous", j.rendezvous);
   j.exit_detection = r.duration("exit_detection", j.exit_detection);
   j.heartbeat_timeout = r.duration("heartbeat_timeout", j.heartbeat_timeout);
@@ -269,6 +271,7 @@ std::string write_trace(const Trace& t) {
   job["process_restart"] = dur(t.job.process_restart);
   if (t.job.warm_restart != JobSpec{}.warm_restart) job["warm_restart"] = dur(t.job.warm_restart);
   job["node_scheduling"] = dur(t.job.node_scheduling);
+  if (t.job.spare_activation != JobSpec{}.spare_activation) job["spare_activation"] = dur(t.job.spare_activation);
   job["rendezvous"] = dur(t.job.rendezvous);
   job["exit_detection"] = dur(t.job.exit_detection);
   job["heartbeat_timeout"] = dur(t.job.heartbeat_timeout);

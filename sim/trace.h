@@ -49,6 +49,8 @@ struct JobSpec {
   // interpreter start and the imports were done beforehand (the device context and the model are not).
   Duration warm_restart = 10 * kSecond;
   Duration node_scheduling = 2 * kMinute;   // a spare node placed and its agent up
+  // A warm spare (scaling.warm_spares: placed, checked, image pulled, agent up) takes a slot.
+  Duration spare_activation = 20 * kSecond;
   Duration rendezvous = 10 * kSecond;
   Duration exit_detection = 1 * kSecond;     // a process exit reaches the master
   Duration heartbeat_timeout = 30 * kSecond;  // a dead node is noticed

@@ -36,6 +36,7 @@ std::vector<EventPayload> one_of_each() {
           ScaleDecided{4, 3, "no spare", "", {}},
           ScaleDecided{4, 3, "operator", "ps", {2}},
           RestartJob{3, 2, 0, 800, Tier::Storage},
+          RestartJob{3, 3, 0, 800, Tier::Memory, true},
           ShardsCompleted{2, 900, {4, 7, 8}},
           ShardsAssigned{1, 4, {9}},
           NodeChecked{2, 2, 0, 41'000, true, 950, false, "faulty", "link to node 0 failed in both rounds"},
@@ -43,13 +44,14 @@ std::vector<EventPayload> one_of_each() {
           CheckRequested{{0, 2}, "slow:3", "operator: node 2 looks slow"},
           StallObserved{1, 4 * kSecond, true, "no progress for 00:01:00.0"},
           ApiRefused{"10.0.0.9", 17, "missing or wrong bearer token"},
-          ScaleRequested{"ps", 2, 1, {2}, "operator: fewer servers"}};
+          ScaleRequested{"ps", 2, 1, {2}, "operator: fewer servers"},
+          SparesHeld{3}};
 }
 }  // namespace
 
 TEST_CASE("every event type survives its JSON encoding unchanged") {
   const auto all = one_of_each();
-  REQUIRE(all.size() == std::variant_size_v<EventPayload> + 1);  // two scale_decided forms
+  REQUIRE(all.size() == std::variant_size_v<EventPayload> + 2);  // two scale_decided and two restart_job forms
   uint64_t seq = 1;
   for (const auto& p : all) {
     const Event e{seq, static_cast<Time>(seq) * kSecond, p};

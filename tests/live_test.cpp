@@ -77,6 +77,8 @@ TEST_CASE("a job spec names the file and field it rejects") {
   // A policy option the live side does not have yet is refused, not silently ignored.
   CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"policy":{"recovery":{"warm_start":true}}})")
             .find("field 'recovery.warm_start' is for the simulator so far") != std::string::npos);
+  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"policy":{"scaling":{"warm_spares":2}}})")
+            .find("field 'scaling.warm_spares' is for the simulator so far") != std::string::npos);
   const live::JobSpec s = live::load_job_spec(write(R"({"job":"j","command":["a","b c"],"total_steps":10,"nodes":3,
       "step_time":"2s","env":{"A":"1"},"data_shards":30})"));
   CHECK(s.command == std::vector<std::string>{"a", "b c"});

@@ -139,6 +139,65 @@ TEST_CASE("a node failure relaunches the node on a spare and restores from stora
   check_sums(s);
 }
 
+namespace {
+// (time in ms, held) of every spares_held event in a log.
+std::vector<std::pair<int64_t, int32_t>> spares_held(const MemoryStore& log) {
+  std::vector<std::pair<int64_t, int32_t>> out;
+  for (const Event& e : log.events())
+    if (const auto* h = std::get_if<SparesHeld>(&e.payload)) out.emplace_back(e.time / kMillisecond, h->held);
+  return out;
+}
+const char* kFlashWarmSpare =
+    R"({"name":"flash","checkpoint":{"policy":"flash","every_steps":100,"persist_every":1},"scaling":{"policy":"wait","warm_spares":1}})";
+}  // namespace
+
+TEST_CASE("a warm spare takes a lost node's slot after spare_activation, and the pool refills at the placement cost") {
+  // The node failure above with one warm spare: s0 is placed beside the world at the start (ready
+  // at 60 s); at the relaunch (1030.5 s) it takes slot 2 in 5 s instead of 60; s1 is placed to
+  // refill the pool (ready at 1090.5 s). Spares count as held accelerators: the job holds s0 from
+  // 60 s to 1030.5 s and s1 from 1090.5 s to the end, 8 accelerators each.
+  Trace t = small_trace(2000 * kSecond, /*spares=*/2);
+  t.job.spare_activation = 5 * kSecond;
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n2", t, "Faulty GPU"));
+  MemoryStore warm_log, cold_log;
+  Simulator warm_sim(t, policy(kFlashWarmSpare), SimOptions{}, {&warm_log});
+  Simulator cold_sim(t, policy(kFlashEvery100), SimOptions{}, {&cold_log});
+  const JobState& w = warm_sim.run();
+  const JobState& c = cold_sim.run();
+  CHECK(c.loss(Loss::Scheduling) == 2 * 60 * kSecond);
+  CHECK(w.loss(Loss::Scheduling) == 60 * kSecond + 5 * kSecond);
+  CHECK(w.holds(*t.machine_index("s0")));
+  CHECK(spares_held(warm_log) == std::vector<std::pair<int64_t, int32_t>>{{60'000, 1}, {1'030'500, 0}, {1'090'500, 1}});
+  CHECK(spares_held(cold_log).empty());
+  CHECK(w.spares_held() == 1);
+  const double spare_ns = static_cast<double>((1'030'500 - 60'000) + (2'000'000 - 1'090'500)) * kMillisecond;
+  const double slot_sooner_ns = 55.0 * kSecond;  // slot 2 held 55 s longer
+  CHECK(w.accelerator_ns_held() - c.accelerator_ns_held() == 8 * (spare_ns + slot_sooner_ns));
+  const Report wr = make_report(w), cr = make_report(c);
+  CHECK(wr.goodput > cr.goodput);  // 55 s more training
+  check_sums(w);
+}
+
+TEST_CASE("warm spares: a spare that fails is replaced in the pool; an empty pool and no free machine is a wait for capacity") {
+  // s0 warm from 60 s fails at 500 s: s1 is placed in its stead (ready at 560 s). n2 fails at
+  // 1000.5 s and takes s1; nothing is free to refill. n1 fails at 1200.5 s: no spare, no free
+  // machine, none warming: its slot waits for a repair until the horizon.
+  Trace t = small_trace(2000 * kSecond, /*spares=*/2);
+  t.job.spare_activation = 5 * kSecond;
+  t.events.push_back(failure(500 * kSecond, TraceEventType::NodeFailure, "s0", t, "Faulty GPU"));
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n2", t, "Faulty GPU"));
+  t.events.push_back(failure(ms(1'200'500), TraceEventType::NodeFailure, "n1", t, "Faulty GPU"));
+  MemoryStore log;
+  Simulator sim(t, policy(kFlashWarmSpare), SimOptions{}, {&log});
+  const JobState& s = sim.run();
+  CHECK(spares_held(log) ==
+        std::vector<std::pair<int64_t, int32_t>>{{60'000, 1}, {500'000, 0}, {560'000, 1}, {1'030'500, 0}});
+  CHECK(s.holds(*t.machine_index("s1")));
+  CHECK(s.loss(Loss::Scheduling) == 60 * kSecond + 5 * kSecond);
+  CHECK(s.loss(Loss::CapacityWait) == ms(2'000'000 - 1'230'500));  // from n1's detection to the horizon
+  check_sums(s);
+}
+
 TEST_CASE("without a spare the job waits idle until the machine is repaired") {
   Trace t = small_trace(8000 * kSecond, /*spares=*/0);
   t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n2", t, "GPU HBM3 memory"));
@@ -286,7 +345,8 @@ TEST_CASE("Monte Carlo results do not depend on the number of threads") {
 
 TEST_CASE("the breakdown sums to wall time under every shipped policy on the Llama 3 trace") {
   const Trace t = load_trace(source_path("traces/llama3-405b-54d.jsonl"));
-  for (const char* p : {"flash-diagnose", "restart-all", "young-daly-storage", "flash-elastic", "flash-diagnose-warm"}) {
+  for (const char* p : {"flash-diagnose", "restart-all", "young-daly-storage", "flash-elastic", "flash-diagnose-warm",
+                        "flash-diagnose-spares-warm"}) {
     CAPTURE(p);
     const PolicySet ps = load_policy_file(source_path(std::string("examples/policies/") + p + ".json"));
     for (uint64_t seed : {1, 2, 3}) {

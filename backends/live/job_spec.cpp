@@ -335,15 +335,19 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
       r.fail("policy", "must be a policy file path or a policy object");
     }
     // Checked now, before anything of the run is written, and named by where it came from.
-    bool warm = false;
+    PolicySet policies;
     try {
-      warm = load_policy(s.policy).recovery->warm_start();
+      policies = load_policy(s.policy);
     } catch (const PolicyError& e) {
       throw ConfigError(source + ": " + e.what());
     }
-    if (warm)
+    // What the simulator models and the live side does not do yet is refused, not silently ignored.
+    if (policies.recovery->warm_start())
       throw ConfigError(source + ": field 'recovery.warm_start' is for the simulator so far: live trainers start cold "
                                  "(the warm interpreter pool is not built yet)");
+    if (policies.scaling->warm_spares() > 0)
+      throw ConfigError(source + ": field 'scaling.warm_spares' is for the simulator so far: the live master keeps no "
+                                 "pool of ready machines yet");
   }
   s.storage_dir = r.text("storage_dir", "");
   s.data_shards = r.integer("data_shards", 0, 0, 100'000'000);
