@@ -135,9 +135,20 @@ Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse, const De
     std::vector<uint8_t> manifest(in_bounds ? snap.manifest_bytes : 0);
     const bool read = in_bounds && ::pread(fd, manifest.data(), manifest.size(), static_cast<off_t>(snap.manifest_offset)) ==
                                        static_cast<ssize_t>(manifest.size());
-    check_header(snap, static_cast<uint64_t>(st.st_size), read ? manifest.data() : nullptr);
-    if (!read) throw CheckpointError("truncated manifest");
-    out.manifest = check_manifest(snap, manifest.data());
+    // A save may start between the header and the manifest: a manifest that does not check out is
+    // then a torn read (Overwritten: take the newest again), not a damaged checkpoint.
+    auto overwritten_since = [&] {
+      Header now{};
+      return !read_header(fd, now) || now.state != 1 || now.generation != snap.generation;
+    };
+    try {
+      check_header(snap, static_cast<uint64_t>(st.st_size), read ? manifest.data() : nullptr);
+      if (!read) throw CheckpointError("truncated manifest");
+      out.manifest = check_manifest(snap, manifest.data());
+    } catch (const CheckpointError&) {
+      if (overwritten_since()) throw Overwritten();
+      throw;
+    }
     Region fresh;
     Region& buf = reuse ? *reuse : fresh;
     if (!buf.data || buf.size < snap.data_bytes) buf = Region{huge_alloc(snap.data_bytes), snap.data_bytes};
@@ -160,8 +171,7 @@ Loaded read_shm(const std::string& name, bool zero_copy, Region* reuse, const De
     });
     // A save that started meanwhile resets the state first: then what we read may be torn, and a
     // checksum mismatch means nothing.
-    Header after{};
-    if (!read_header(fd, after) || after.state != 1 || after.generation != snap.generation) throw Overwritten();
+    if (overwritten_since()) throw Overwritten();
     check_sums(man, sums);
     out.keepalive_ = buf.data;
     out.data_ = dst;
