@@ -600,6 +600,19 @@ int main(int argc, char** argv) {
   api->add_option("--agents", api_o.agents, "Simulated agents (one connection each)")->capture_default_str();
   api->add_option("--seconds", api_o.seconds, "How long to drive the master")->capture_default_str();
   api->callback([&] { rc = run_api_bench(api_o); });
+  static SimScaleOptions sim_o;
+  auto* simb = bench->add_subcommand("sim", "The simulator at the largest jobs' scale: replay time per event at each "
+                                            "size (linear growth reads 1.0x), peak memory, Monte Carlo runs");
+  simb->add_option("--trace", sim_o.trace_path, "Failure rates and cost model to draw from")->capture_default_str();
+  simb->add_option("--accelerators", sim_o.accelerators, "Job sizes, in accelerators")
+      ->delimiter(',')
+      ->check(CLI::Range(8, 10'000'000))
+      ->capture_default_str();
+  simb->add_option("--days", sim_o.days, "Length of each job")->check(CLI::Range(0.001, 3650.0))->capture_default_str();
+  simb->add_option("--runs", sim_o.runs, "Monte Carlo runs of the largest")->check(CLI::Range(1, 1'000'000))
+      ->capture_default_str();
+  simb->add_option("--threads", sim_o.threads, "Threads for Monte Carlo (0: all)")->capture_default_str();
+  simb->callback([&] { rc = run_sim_scale_bench(sim_o); });
   static CrashBenchOptions crash_o;
   auto* crash = bench->add_subcommand("crash", "SIGKILL the master at random moments; check no acknowledged event is lost");
   crash->add_option("--kills", crash_o.kills, "How many times to kill the master")->capture_default_str();
