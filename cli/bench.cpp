@@ -127,13 +127,7 @@ int run_bench(const BenchOptions& o) {
 }
 
 int run_sim_scale_bench(const SimScaleOptions& o) {
-  Trace base;
-  try {
-    base = load_trace(o.trace_path);
-  } catch (const TraceError& e) {
-    std::fprintf(stderr, "goodput bench sim: %s\n", e.what());
-    return 2;
-  }
+  const Trace base = load_trace(o.trace_path);  // a TraceError is the command line's: exit 2 with its message
   if (base.rates.empty()) {
     std::fprintf(stderr, "goodput bench sim: %s: no failure_rates to draw from\n", o.trace_path.c_str());
     return 2;
