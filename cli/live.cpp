@@ -103,29 +103,35 @@ bool log_holds_a_job(const std::string& path) {
 
 
 // A pod's termination message: the kubelet keeps at most 4096 bytes of it.
-void write_termination_log(const std::string& path, const json& summary) {
+void write_termination_log(const std::string& path, json ended, int exit_status) {
   if (path.empty()) return;
-  std::string text = summary.dump();
-  if (text.size() > 4096) text = json{{"exit", summary.value("exit", 1)}, {"error", "summary too long"}}.dump();
+  ended["exit"] = exit_status;
+  std::string text = ended.dump();
+  if (text.size() > 4096) text = json{{"exit", exit_status}, {"error", "summary too long"}}.dump();
   std::ofstream out(path, std::ios::trunc);
   out << text << "\n";
 }
 
-int serve_job(ServeOptions& o);
+// `ended` gets how the run ended, for the termination log: the master's figures, or the error.
+int serve_job(ServeOptions& o, json& ended);
 
 }  // namespace
 
 int serve(ServeOptions o) {
+  json ended = json::object();
+  int rc = 0;
   try {
-    return serve_job(o);
+    rc = serve_job(o, ended);
   } catch (const std::exception& e) {
-    write_termination_log(o.termination_log, {{"exit", dynamic_cast<const ConfigError*>(&e) ? 2 : 1}, {"error", e.what()}});
+    write_termination_log(o.termination_log, {{"error", e.what()}}, dynamic_cast<const ConfigError*>(&e) ? 2 : 1);
     throw;
   }
+  write_termination_log(o.termination_log, std::move(ended), rc);
+  return rc;
 }
 
 namespace {
-int serve_job(ServeOptions& o) {
+int serve_job(ServeOptions& o, json& ended) {
   if (o.tls.cert_file.empty() != o.tls.key_file.empty())
     throw LiveError("give both --tls-cert and --tls-key, or neither");
   if (o.spec_path.empty()) {
@@ -203,7 +209,7 @@ int serve_job(ServeOptions& o) {
     }, 1 << 20, tls ? &o.tls : nullptr);
   } catch (const std::runtime_error& e) {
     std::cerr << "goodput: " << e.what() << "\n";
-    write_termination_log(o.termination_log, {{"exit", 1}, {"error", e.what()}});
+    ended["error"] = e.what();
     return 1;
   }
   net::HttpServer& server = *server_holder;
@@ -256,7 +262,7 @@ int serve_job(ServeOptions& o) {
       nodes = std::make_unique<kube::KubeNodes>(ko);
     } catch (const kube::KubeError& e) {
       std::cerr << "goodput: kubernetes: " << e.what() << "\n";
-      write_termination_log(o.termination_log, {{"exit", 1}, {"error", std::string("kubernetes: ") + e.what()}});
+      ended["error"] = std::string("kubernetes: ") + e.what();
       return 1;
     }
   } else if (o.local) {
@@ -365,18 +371,14 @@ int serve_job(ServeOptions& o) {
     // Agents keep their trainers running; a master started with --resume carries on.
     std::cerr << "goodput: the event log could not be written: " << fatal << "\ngoodput: stopping the master; "
               << "fix the cause and run again with --resume (agents keep training meanwhile)\n";
-    write_termination_log(o.termination_log, {{"exit", kExitResumable}, {"error", "event log unwritable: " + fatal}});
+    ended["error"] = "event log unwritable: " + fatal;
     return kExitResumable;
   }
   store.flush();
   // How it ended, for whoever runs the master (the pod's termination message).
-  json summary = json(live::status_of(master));
-  summary.erase("nodes");
-  if (detached) {
-    summary["exit"] = kExitResumable;
-    write_termination_log(o.termination_log, summary);
-    return kExitResumable;
-  }
+  ended = json(live::status_of(master));
+  ended.erase("nodes");
+  if (detached) return kExitResumable;
 
   const Report r = make_report(master.state());
   std::cout << report_text(r);
@@ -385,9 +387,7 @@ int serve_job(ServeOptions& o) {
               << master.shards().duplicates() << " trained twice\n";
   std::cout << "event log: " << db << "  (goodput report " << db << "; goodput replay --from-log " << db << ")\n";
   const std::string reason = master.state().finish_reason();
-  summary["exit"] = reason == "completed" ? 0 : 1;
-  write_termination_log(o.termination_log, summary);
-  return summary["exit"].get<int>();
+  return reason == "completed" ? 0 : 1;
 }
 }  // namespace
 

@@ -304,15 +304,16 @@ void Simulator::try_fill() {
     // A warm spare first (it only has to take the slot); else a free machine to place; else a
     // spare still warming (ready, then it takes the slot); else there is none.
     int32_t m = -1;
-    Duration delay = trace_.job.node_scheduling;
+    bool placing = false;  // a free machine, placed with the others placed now
+    Duration delay = trace_.job.spare_activation;
     if (!warm_.empty()) {
       m = warm_.next();
       warm_.erase(m);
-      delay = trace_.job.spare_activation;
       spares_taken = true;
     } else if (!free_.empty()) {
       m = free_.next();
       free_.erase(m);
+      placing = true;
     } else if (!warming_.empty()) {
       m = warming_.next();
       warming_.erase(m);
@@ -331,7 +332,7 @@ void Simulator::try_fill() {
     ++mach.gen;
     slot.waiting = false;
     slot.reported = false;
-    if (delay == trace_.job.node_scheduling) placed.push_back(Item{ItemKind::Joined, s, m, mach.gen});
+    if (placing) placed.push_back(Item{ItemKind::Joined, s, m, mach.gen});
     else queue_.push(clock_.now() + delay, Item{ItemKind::Joined, s, m, mach.gen});
   }
   // Nodes placed together come up together: one queue entry for all of them (a job's start places

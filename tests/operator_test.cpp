@@ -264,6 +264,10 @@ TEST_CASE("how a job fails: a bad spec starts no master until it changes; the ma
   CHECK(pass(job, {"x", std::nullopt, std::nullopt}).events.empty());
   job["metadata"]["generation"] = 2;  // edited: looked at again
   CHECK(awaits_spec(job));
+  json still_bad = job;  // and refused again if still bad, told again
+  CHECK(reasons(pass(still_bad, {"field 'spec.nodes' ...", std::nullopt, std::nullopt})) ==
+        std::vector<std::string>{"Warning InvalidSpec"});
+  CHECK(still_bad["status"]["observed_generation"] == 2);
   r = pass(job, {});
   CHECK(r.master == Reconciled::Master::Create);
   CHECK(job["status"]["phase"] == "Pending");

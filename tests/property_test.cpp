@@ -187,17 +187,18 @@ TEST_CASE("property: on random traces the books balance after every event and th
     nlohmann::json pj = random_policy(rng);
     // Options added later draw from a stream of their own, so every older seed keeps its trace and policy.
     Rng later(seed ^ 0x5eed0f1a7e4ULL);
+    auto set_job_cost = [&](const char* key, double seconds) {  // in the trace's header line
+      nlohmann::json header = nlohmann::json::parse(text.substr(0, text.find('\n')));
+      header["job"][key] = seconds;
+      text = header.dump() + text.substr(text.find('\n'));
+    };
     if (later.below(3) == 0) {  // warm starts, at a cost that may be zero or above a cold start's
       pj["recovery"]["warm_start"] = true;
-      nlohmann::json header = nlohmann::json::parse(text.substr(0, text.find('\n')));
-      header["job"]["warm_restart"] = later.below(4) == 0 ? 0.0 : later.uniform() * 200;
-      text = header.dump() + text.substr(text.find('\n'));
+      set_job_cost("warm_restart", later.below(4) == 0 ? 0.0 : later.uniform() * 200);
     }
     if (later.below(3) == 0) {  // warm spares, taking a slot at a cost that may be zero or above a placement's
       pj["scaling"]["warm_spares"] = later.below(4);
-      nlohmann::json header = nlohmann::json::parse(text.substr(0, text.find('\n')));
-      header["job"]["spare_activation"] = later.below(4) == 0 ? 0.0 : later.uniform() * 600;
-      text = header.dump() + text.substr(text.find('\n'));
+      set_job_cost("spare_activation", later.below(4) == 0 ? 0.0 : later.uniform() * 600);
     }
     const std::string where = "seed " + std::to_string(seed) + "\ntrace:\n" + text + "policy: " + pj.dump();
     Trace t;

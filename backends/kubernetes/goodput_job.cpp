@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "backends/kubernetes/kube_client.h"
 #include "backends/kubernetes/kube_json.h"
 #include "backends/live/job_spec.h"
 #include "engine/json_reader.h"
@@ -273,13 +274,12 @@ Reconciled reconcile(const json& job, const Observed& seen, const std::string& n
   };
 
   // A job that ended stays ended; one refused for its spec is looked at again once the spec changes.
-  const bool refused = was == "Failed" && condition_reason(old, "Failed") == "InvalidSpec";
   if ((was == "Succeeded" || was == "Failed") && !awaits_spec(job)) return r;
+  const bool refused = was == "Failed";  // past the line above, a Failed job is one refused for its spec
   if (!seen.spec_error.empty()) {
     set_phase("Failed", "InvalidSpec", seen.spec_error);
-    st["observed_generation"] = generation;
-    if (was != "Failed" || str(old, "observed_generation") != str(st, "observed_generation"))
-      event("Warning", "InvalidSpec", seen.spec_error + " (no master was started)");
+    st["observed_generation"] = generation;  // refused; told once per edit of the spec
+    event("Warning", "InvalidSpec", seen.spec_error + " (no master was started)");
     return r;
   }
 

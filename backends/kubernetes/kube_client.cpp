@@ -78,6 +78,14 @@ json yaml_to_json(const std::string& yaml_text) {
   }
 }
 
+std::string base64(const std::string& in) {
+  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
 std::string base64_decode(const std::string& in, const std::string& where) {
   std::string clean;
   for (char c : in)

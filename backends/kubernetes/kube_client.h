@@ -47,6 +47,7 @@ KubeConfig in_cluster_config(const std::string& dir = "/var/run/secrets/kubernet
 // names (a colon-separated list); else ~/.kube/config.
 KubeConfig default_config(const std::string& kubeconfig = "", const std::string& context = "");
 // Base64 (a Secret's data, a kubeconfig's *-data); `where` names it in the error.
+std::string base64(const std::string& in);
 std::string base64_decode(const std::string& in, const std::string& where);
 // YAML (a kubeconfig, a pod dumped by kubectl) as JSON.
 nlohmann::json yaml_to_json(const std::string& yaml_text);

@@ -2,8 +2,6 @@
 // never as an exception. Shared by the backend (pods, nodes) and the operator (GoodputJobs).
 #pragma once
 
-#include <openssl/evp.h>
-
 #include <cstdint>
 #include <string>
 
@@ -29,15 +27,6 @@ inline const nlohmann::json& list(const nlohmann::json& j, const char* key) {
   static const nlohmann::json kEmpty = nlohmann::json::array();
   const nlohmann::json& v = field(j, key);
   return v.is_array() ? v : kEmpty;
-}
-
-// A Secret's `data` values are base64.
-inline std::string base64(const std::string& in) {
-  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
 }
 
 }  // namespace goodput::kube

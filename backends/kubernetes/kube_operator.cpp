@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <ctime>
-#include <fstream>
 #include <iostream>
 #include <thread>
 #include <vector>
@@ -42,7 +41,11 @@ json patch_from(const json& from, const json& to) {
 
 }  // namespace
 
-Operator::Operator(OperatorOptions options) : o_(std::move(options)), client_(o_.config) {}
+Operator::Operator(OperatorOptions options) : o_(std::move(options)), client_(o_.config) {
+  char host[256] = "";
+  (void)gethostname(host, sizeof host - 1);
+  host_ = host;
+}
 
 void Operator::say(const Key& k, const std::string& what) const {
   if (!o_.quiet) std::cerr << "goodput operator: " << k.first << "/" << k.second << ": " << what << "\n";
@@ -136,24 +139,47 @@ void Operator::run(const std::atomic<bool>& stop) {
 }
 
 std::string Operator::token_of(const json& job, bool create) {
-  const std::string uid = str(field(job, "metadata"), "uid");
-  if (const auto it = tokens_.find(uid); it != tokens_.end()) return it->second;
-  const std::string ns = str(field(job, "metadata"), "namespace", "default");
-  const std::string name = owned_names(str(field(job, "metadata"), "name")).token;
+  const json& meta = field(job, "metadata");
+  const Key k{str(meta, "namespace", "default"), str(meta, "name")};
+  const std::string uid = str(meta, "uid");
+  if (const auto it = tokens_.find(k); it != tokens_.end() && it->second.first == uid) return it->second.second;
+  const std::string name = owned_names(k.second).token;
+  std::string token;
   try {
-    const json secret = client_.call("GET", core_path(ns, "secrets") + "/" + name);
-    return tokens_[uid] = base64_decode(str(field(secret, "data"), "token"), "Secret " + ns + "/" + name + " key token");
+    const json secret = client_.call("GET", core_path(k.first, "secrets") + "/" + name);
+    token = base64_decode(str(field(secret, "data"), "token"), "Secret " + k.first + "/" + name + " key token");
   } catch (const KubeError& e) {
     if (e.code != 404 || !create) throw;
+    token = net::random_token();
+    try {
+      client_.call("POST", core_path(k.first, "secrets"), token_secret_for(job, token));
+    } catch (const KubeError& again) {
+      if (again.code == 409) return token_of(job, false);  // made meanwhile: that one holds
+      throw;
+    }
   }
-  const std::string token = net::random_token();
+  tokens_[k] = {uid, token};
+  return token;
+}
+
+json Operator::policy_from(const json& job, const std::string& ns) {
+  const json& from = field(field(field(job, "spec"), "policy_from"), "configMapKeyRef");
+  if (!from.is_object()) return nullptr;
+  const std::string cm = str(from, "name"), key = str(from, "key");
+  json map;
   try {
-    client_.call("POST", core_path(ns, "secrets"), token_secret_for(job, token));
+    map = client_.call("GET", core_path(ns, "configmaps") + "/" + cm);
   } catch (const KubeError& e) {
-    if (e.code == 409) return token_of(job, false);  // made meanwhile: that one holds
-    throw;
+    if (e.code != 404) throw;
+    throw ConfigError("field 'spec.policy_from': ConfigMap " + cm + " not found in namespace " + ns);
   }
-  return tokens_[uid] = token;
+  const json& text = field(field(map, "data"), key.c_str());
+  if (!text.is_string()) throw ConfigError("field 'spec.policy_from': ConfigMap " + cm + " has no key '" + key + "'");
+  try {
+    return yaml_to_json(text.get<std::string>());  // JSON is YAML too
+  } catch (const std::exception& e) {
+    throw ConfigError("field 'spec.policy_from': ConfigMap " + cm + " key '" + key + "' is not a policy: " + e.what());
+  }
 }
 
 void Operator::ensure(const std::string& path, const json& object) {
@@ -172,8 +198,6 @@ void Operator::emit(const json& job, const JobEvent& e) {
   std::snprintf(suffix, sizeof suffix, ".%llx%04llx",
                 static_cast<unsigned long long>(std::chrono::system_clock::now().time_since_epoch().count()),
                 static_cast<unsigned long long>(++events_ & 0xffff));
-  char host[256] = "";
-  (void)gethostname(host, sizeof host - 1);
   const json event = {
       {"apiVersion", "v1"},
       {"kind", "Event"},
@@ -190,7 +214,7 @@ void Operator::emit(const json& job, const JobEvent& e) {
       {"count", 1},
       {"source", {{"component", "goodput-operator"}}},
       {"reportingComponent", "goodput-operator"},
-      {"reportingInstance", host}};
+      {"reportingInstance", host_}};
   try {
     client_.call("POST", core_path(ns, "events"), event);
   } catch (const KubeError& err) {  // an Event is a courtesy: the status holds the truth
@@ -206,37 +230,21 @@ void Operator::reconcile(const Key& k) {
     job = client_.call("GET", path);
   } catch (const KubeError& e) {
     if (e.code != 404) throw;
+    tokens_.erase(k);
     std::lock_guard lock(mu_);
     known_.erase(k);  // deleted: what it owned goes with it (ownerReferences)
     return;
   }
   if (!field(field(job, "metadata"), "deletionTimestamp").is_null()) return;
   const std::string phase = str(field(job, "status"), "phase");
-  if ((phase == "Succeeded" || phase == "Failed") && !awaits_spec(job)) return;  // over
+  const bool awaiting = awaits_spec(job);
+  if ((phase == "Succeeded" || phase == "Failed") && !awaiting) return;  // over: nothing to read or write
 
   Observed seen;
   json spec;
-  if (awaits_spec(job)) {
+  if (awaiting) {
     try {
-      json policy;
-      if (const json& from = field(field(field(job, "spec"), "policy_from"), "configMapKeyRef"); from.is_object()) {
-        const std::string cm = str(from, "name"), key = str(from, "key");
-        json map;
-        try {
-          map = client_.call("GET", core_path(ns, "configmaps") + "/" + cm);
-        } catch (const KubeError& e) {
-          if (e.code != 404) throw;
-          throw ConfigError("field 'spec.policy_from': ConfigMap " + cm + " not found in namespace " + ns);
-        }
-        if (!field(field(map, "data"), key.c_str()).is_string())
-          throw ConfigError("field 'spec.policy_from': ConfigMap " + cm + " has no key '" + key + "'");
-        try {
-          policy = yaml_to_json(map["data"][key].get<std::string>());  // JSON is YAML too
-        } catch (const std::exception& e) {
-          throw ConfigError("field 'spec.policy_from': ConfigMap " + cm + " key '" + key + "' is not a policy: " + e.what());
-        }
-      }
-      spec = job_spec_of(job, policy);
+      spec = job_spec_of(job, policy_from(job, ns));
     } catch (const ConfigError& e) {
       seen.spec_error = e.what();
     }
@@ -260,10 +268,6 @@ void Operator::reconcile(const Key& k) {
 
   Reconciled r = kube::reconcile(job, seen, now_rfc3339());
   const json& old = field(job, "status");
-  auto write_status = [&] {
-    if (r.status == old) return;
-    client_.merge_patch(path + "/status", {{"status", patch_from(old, r.status)}});
-  };
   if (r.master == Reconciled::Master::Create) {
     // What the master needs first, then the master; a pod that exists already (another operator,
     // or this one before a restart) is left as it is.
@@ -274,7 +278,8 @@ void Operator::reconcile(const Key& k) {
     ensure(core_path(ns, "pods"), master_pod_for(job));
     say(k, "master " + names.master + (str(old, "phase").empty() ? " created" : " created again"));
   }
-  write_status();  // before a replacement: the count of masters replaced must be there before the pod goes
+  // Before a replacement: the count of masters replaced must be there before the pod goes.
+  if (r.status != old) client_.merge_patch(path + "/status", {{"status", patch_from(old, r.status)}});
   if (r.master == Reconciled::Master::Replace) {
     try {
       client_.call("DELETE", core_path(ns, "pods") + "/" + names.master);

@@ -40,6 +40,8 @@ class Operator {
   void enqueue(const Key& k);
   void reconcile(const Key& k);
   std::string token_of(const nlohmann::json& job, bool create);
+  // spec.policy_from's document (null: none); a ConfigError names what is missing.
+  nlohmann::json policy_from(const nlohmann::json& job, const std::string& ns);
   void ensure(const std::string& path, const nlohmann::json& object);  // create; one that exists is left
   void emit(const nlohmann::json& job, const JobEvent& e);
   void say(const Key& k, const std::string& what) const;
@@ -50,7 +52,8 @@ class Operator {
   std::condition_variable wake_;
   std::set<Key> queue_;  // jobs to look at now
   std::set<Key> known_;  // every job the watch knows of
-  std::map<std::string, std::string> tokens_;  // by the job's uid
+  std::map<Key, std::pair<std::string, std::string>> tokens_;  // by job: its uid (a job made anew has another), the token
+  std::string host_;  // reportingInstance of the Events
   int64_t events_ = 0;
 };
 

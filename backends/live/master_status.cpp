@@ -8,6 +8,24 @@
 
 namespace goodput::live {
 
+namespace {
+// The nodes by what they do: holding a slot and training (every trainer of the node), holding a
+// slot otherwise, or spare.
+struct NodeCounts {
+  int training = 0, not_training = 0, spare = 0;
+};
+NodeCounts count_nodes(const World& world) {
+  NodeCounts c;
+  for (const auto& [id, n] : world.nodes()) {
+    if (n.gone) continue;
+    if (n.slot < 0) ++c.spare;
+    else if (n.trainer.phase == "training") ++c.training;
+    else ++c.not_training;
+  }
+  return c;
+}
+}  // namespace
+
 nlohmann::ordered_json status_of(const LiveMaster& m) {
   const JobState& s = m.state();
   const World& world = m.world();
@@ -41,10 +59,7 @@ nlohmann::ordered_json status_of(const LiveMaster& m) {
   if (const ShardLedger& shards = m.shards(); shards.total() > 0)
     out["shards"] = {{"total", shards.total()}, {"done", shards.done()}, {"queued", shards.queued()},
                      {"duplicates", shards.duplicates()}};
-  int32_t training = 0;  // nodes holding a slot whose trainers all train
-  for (const auto& [id, n] : world.nodes())
-    if (!n.gone && n.slot >= 0 && n.trainer.phase == "training") ++training;
-  out["nodes_training"] = training;
+  out["nodes_training"] = count_nodes(world).training;
   auto& nodes = out["nodes"] = nlohmann::ordered_json::array();
   const Time now = m.now();
   for (const auto& [id, n] : world.nodes()) {
@@ -100,17 +115,11 @@ std::string metrics_of(const LiveMaster& m, const net::HttpRefusals& t) {
     o << "goodput_recoveries_total{action=\"" << to_string(static_cast<RecoveryAction>(a)) << "\"} " << r.by_action[a] << "\n";
   o << "# HELP goodput_restarts_total Restarts of the whole job.\n# TYPE goodput_restarts_total counter\n"
     << "goodput_restarts_total " << r.restarts << "\n";
-  int training = 0, spare = 0, waiting = 0;
-  for (const auto& [id, n] : m.world().nodes()) {
-    if (n.gone) continue;
-    if (n.slot < 0) ++spare;
-    else if (n.trainer.phase == "training") ++training;
-    else ++waiting;
-  }
+  const NodeCounts nodes = count_nodes(m.world());
   o << "# HELP goodput_nodes Nodes, by state.\n# TYPE goodput_nodes gauge\n"
-    << "goodput_nodes{state=\"training\"} " << training << "\n"
-    << "goodput_nodes{state=\"not_training\"} " << waiting << "\n"
-    << "goodput_nodes{state=\"spare\"} " << spare << "\n"
+    << "goodput_nodes{state=\"training\"} " << nodes.training << "\n"
+    << "goodput_nodes{state=\"not_training\"} " << nodes.not_training << "\n"
+    << "goodput_nodes{state=\"spare\"} " << nodes.spare << "\n"
     << "# HELP goodput_step Newest training step any trainer reported.\n# TYPE goodput_step gauge\n"
     << "goodput_step " << m.newest_step() << "\n"
     << "# HELP goodput_node_checks_total Node check results (one per node and round), by verdict.\n"

@@ -491,7 +491,8 @@ class Cluster:
             elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
                 env[e["name"]] = "127.0.0.1"  # every emulated pod really runs on this machine
         mounts = self.mounts(ns, pod)
-        env = {k: self.rewrite(v, mounts) if k in {e["name"] for e in c.get("env", [])} else v for k, v in env.items()}
+        declared = {e["name"] for e in c.get("env", [])}  # the container's own: the ones that may name a mountPath
+        env = {k: self.rewrite(v, mounts) if k in declared else v for k, v in env.items()}
         env["KUBECONFIG"] = self.pod_kubeconfig
         # The kubelet expands $(VAR) in command and args from the container's environment.
         argv = [self.rewrite(re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a), mounts)
