@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "backends/kubernetes/kube_client.h"
+#include "backends/live/job_spec.h"
 #include "cli/torchrun.h"
 
 namespace goodput {
@@ -127,7 +128,8 @@ ConvertedJob convert_pytorchjob(const nlohmann::json& m) {
       lost.push_back("spec.pytorchReplicaSpecs." + type + ".restartPolicy (" + text_of(r["restartPolicy"]) +
                      "): Goodput's recovery policy decides every restart");
   }
-  if (nodes < 1 || nodes > 4096) throw fail("spec.pytorchReplicaSpecs", "must hold 1 to 4096 replicas in all");
+  if (nodes < 1 || nodes > live::kMaxNodes)
+    throw fail("spec.pytorchReplicaSpecs", "must hold 1 to " + std::to_string(live::kMaxNodes) + " replicas in all");
   const std::string from = replicas.contains("Worker") ? "Worker" : "Master";
   if (replicas.contains("Worker") && replicas.contains("Master") &&
       at(replicas["Master"], "template") != at(replicas["Worker"], "template"))

@@ -332,7 +332,7 @@ int serve_job(ServeOptions& o, json& ended) {
     for (const std::string& note : master.take_console_notes()) std::cerr << note << "\n";
     if (now - last_print >= std::chrono::seconds(1)) {
       last_print = now;
-      const auto st = live::status_of(master);
+      const auto st = live::status_of(master, false);
       char line[256], loss[32] = "";
       if (st.contains("loss")) std::snprintf(loss, sizeof loss, "  loss %.4g", st["loss"].get<double>());
       std::snprintf(line, sizeof line, "[%6.1fs] %-18s step %6lld/%lld%s  restart %d  goodput %5.1f%%  failures %d",
@@ -342,10 +342,10 @@ int serve_job(ServeOptions& o, json& ended) {
       if (!o.quiet && line != last_line) std::cerr << line << "\n";
       last_line = line;
       // Checkpoints that do not reach storage are lost with the node: say so, once per reason.
-      for (const auto& n : st["nodes"])
-        if (n.contains("persist_error") && warned_persist.insert(n["persist_error"].get<std::string>()).second)
-          std::cerr << "goodput: WARNING: node " << n["name"].get<std::string>()
-                    << " cannot persist checkpoints to storage: " << n["persist_error"].get<std::string>() << "\n";
+      for (const auto& [id, n] : master.world().nodes())
+        if (!n.gone && !n.persist_error.empty() && warned_persist.insert(n.persist_error).second)
+          std::cerr << "goodput: WARNING: node " << n.name << " cannot persist checkpoints to storage: " << n.persist_error
+                    << "\n";
     }
     if (master.finished() && !finished_at) finished_at = now;
     // Agents learn the job is over from their next heartbeat; give them a moment to leave.
@@ -528,7 +528,7 @@ void add_live_commands(CLI::App& app, int& rc) {
                "its highest slots are released, and the job restarts from its newest checkpoint in storage, "
                "each rank told the layout that checkpoint was saved under");
   sc->add_option("group", scale_group, "ps | worker")->required()->check(CLI::IsMember({"ps", "worker"}));
-  sc->add_option("count", scale_count, "The group's new number of nodes")->required()->check(CLI::Range(1, 4096));
+  sc->add_option("count", scale_count, "The group's new number of nodes")->required()->check(CLI::Range(1, live::kMaxNodes));
   sc->add_option("--reason", scale_reason, "Why, for the event log");
   add_master_options(sc);
   sc->callback([=] {

@@ -13,25 +13,29 @@ int phase_rank(const std::string& p) {
   if (p == "training") return 4;
   return 0;  // none, exited
 }
-
-template <class Pred> bool all(const Ranks& w, Pred pred) {
-  return std::all_of(w.begin(), w.end(), [&](const Node* n) { return pred(n->trainer); });
-}
 }  // namespace
 
-std::optional<JobFinished> completed(const Ranks& w, int32_t gen) {
-  if (!all(w, [&](const Trainer& t) { return t.restart == gen && t.done && (!t.exited || t.exit_code == 0); }))
+std::optional<JobFinished> completed(const Ranks& w, int32_t gen, Sweeps& sw) {
+  if (!sw.completed.all(w, {sw.epoch, gen, 0, 0},
+                        [&](const Trainer& t) { return t.restart == gen && t.done && (!t.exited || t.exit_code == 0); }))
     return std::nullopt;
   int64_t step = 0;
   for (const Node* n : w) step = std::max(step, n->trainer.step);
   return JobFinished{"completed", step};
 }
 
-std::optional<CheckpointPersisted> persisted(const Ranks& w, int64_t persisted, int64_t saved) {
+std::optional<CheckpointPersisted> persisted(const Ranks& w, int64_t persisted, int64_t saved, Sweeps& sw) {
+  // Every rank must hold some step in range before any step can be common to all.
+  const bool each_holds_one = sw.persisted.all(w, {sw.epoch, persisted, saved, 0}, [&](const Trainer& t) {
+    return std::any_of(t.storage_steps.begin(), t.storage_steps.end(),
+                       [&](int64_t step) { return step > persisted && step <= saved; });
+  });
+  if (!each_holds_one) return std::nullopt;
   std::optional<int64_t> common;
   for (int64_t step : w.front()->trainer.storage_steps)
-    if (step > persisted && step <= saved && (!common || step > *common) && all(w, [&](const Trainer& t) {
-          return std::find(t.storage_steps.begin(), t.storage_steps.end(), step) != t.storage_steps.end();
+    if (step > persisted && step <= saved && (!common || step > *common) && std::all_of(w.begin(), w.end(), [&](const Node* n) {
+          const std::vector<int64_t>& held = n->trainer.storage_steps;
+          return std::find(held.begin(), held.end(), step) != held.end();
         }))
       common = step;
   if (!common) return std::nullopt;
@@ -69,15 +73,16 @@ Node* hang_culprit(const Ranks& w, int32_t gen, Time now, Duration hang_timeout)
 }
 
 std::optional<EventPayload> phase_reached(Phase phase, const Ranks& w, int32_t gen, Time now, Time run_at,
-                                          int32_t world_size) {
+                                          int32_t world_size, Sweeps& sw) {
+  const Sweep::Context context{sw.epoch, gen, static_cast<int64_t>(phase), 0};
   if (phase == Phase::Restart) {
-    if (now >= run_at && all(w, [&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 1; }))
+    if (now >= run_at && sw.phase.all(w, context, [&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 1; }))
       return ProcessesStarted{world_size, gen};
   } else if (phase == Phase::Rendezvous) {
-    if (all(w, [&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 2; }))
+    if (sw.phase.all(w, context, [&](const Trainer& t) { return t.restart == gen && phase_rank(t.phase) >= 2; }))
       return RendezvousComplete{world_size, gen};
   } else if (phase == Phase::CheckpointLoad) {
-    if (all(w, [&](const Trainer& t) { return t.restart == gen && t.loaded; })) {
+    if (sw.phase.all(w, context, [&](const Trainer& t) { return t.restart == gen && t.loaded; })) {
       CheckpointLoaded l = *w.front()->trainer.loaded;
       for (const Node* n : w) {
         l.step = std::min(l.step, n->trainer.loaded->step);
@@ -91,7 +96,10 @@ std::optional<EventPayload> phase_reached(Phase phase, const Ranks& w, int32_t g
 }
 
 std::optional<CheckpointSaved> saved(const Ranks& w, int32_t gen, int64_t logged_saves, int64_t logged_blocking,
-                                     const CheckpointPlanSet& plan) {
+                                     const CheckpointPlanSet& plan, Sweeps& sw) {
+  if (!sw.saved.all(w, {sw.epoch, gen, logged_saves, 0},
+                    [&](const Trainer& t) { return t.restart == gen && t.saves > logged_saves && t.saved_step >= 0; }))
+    return std::nullopt;
   int64_t saves = INT64_MAX, step = INT64_MAX, blocking = 0;
   for (const Node* n : w) {
     const Trainer& t = n->trainer;

@@ -11,6 +11,7 @@ void FailureWatch::fold(const StallObserved& s) {
 }
 
 void FailureWatch::restarted() {
+  settle_from_.reset();
   stall_.reset();
   pause_.reset();
 }
@@ -26,9 +27,11 @@ bool FailureWatch::settled(const Ranks& w, Time now) const {
   });
 }
 
-FailureWatch::Notice FailureWatch::notice(const Ranks& w, int32_t gen, Phase phase, Time now) {
+FailureWatch::Notice FailureWatch::notice(const Ranks& w, const Ranks& exits, int32_t gen, Phase phase, Time now,
+                                          bool timers) {
   using Kind = Notice::Kind;
-  if (const Node* culprit = exit_culprit(w, gen)) {
+  if (settle_from_ && !timers) return {Kind::Wait, std::nullopt};  // settling: the tick says when it is done
+  if (const Node* culprit = exit_culprit(exits, gen)) {
     if (!settle_from_) settle_from_ = now;
     if (!settled(w, now)) return {Kind::Wait, std::nullopt};
     settle_from_.reset();
@@ -37,7 +40,7 @@ FailureWatch::Notice FailureWatch::notice(const Ranks& w, int32_t gen, Phase pha
                                            std::min(t.exited_at, now)}};
   }
   settle_from_.reset();
-  if (phase == Phase::Restart) return {};
+  if (phase == Phase::Restart || !timers) return {};
   const Node* hung = hang_culprit(w, gen, now, spec_.hang_timeout);
   auto silence = [&](const Trainer& t) {
     const std::string which = t.quietest_process();  // on a node of several processes

@@ -27,8 +27,11 @@ class FailureWatch {
     std::optional<EventPayload> event;  // with Observe
     bool dump_stacks = false;           // every rank's trainer should dump its stacks (a hang left alone)
   };
-  // What the ranks' latest reports show, `gen` being the restart they run.
-  Notice notice(const Ranks& w, int32_t gen, Phase phase, Time now);
+  // What the ranks' latest reports show, `gen` being the restart they run. `exits`: the ranks whose
+  // trainers reported an exit in it (by rank), so that finding the culprit costs what failed, not
+  // the world. `timers`: also what time alone changes (a failure settled, a hang, a pause), which
+  // takes a scan of the world: on the master's tick, not after each report.
+  Notice notice(const Ranks& w, const Ranks& exits, int32_t gen, Phase phase, Time now, bool timers);
 
  private:
   bool settled(const Ranks& w, Time now) const;  // a failure's reports are all in

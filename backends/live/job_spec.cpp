@@ -34,6 +34,14 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
     throw ConfigError(path + ": not valid JSON: " + e.what());
   }
 }
+ApiLimits read_api_limits(ConfigReader& r) {
+  ApiLimits a;
+  a.qps = r.number("api_qps", a.qps, 0.1, 100000);
+  a.burst = static_cast<int32_t>(r.integer("api_burst", a.burst, 1, 100000));
+  a.concurrency = static_cast<int32_t>(r.integer("api_concurrency", a.concurrency, 1, 256));
+  return a;
+}
+
 RayBackendSpec ray_backend_from_json(const nlohmann::json& j, const std::string& where) {
   ConfigReader r(j, where);
   r.text("type", "");
@@ -66,6 +74,7 @@ RayBackendSpec ray_backend_from_json(const nlohmann::json& j, const std::string&
   b.poll_interval = r.duration("poll_interval", b.poll_interval);
   if (b.pending_timeout <= 0) r.fail("pending_timeout", "must be positive");
   if (b.poll_interval <= 0) r.fail("poll_interval", "must be positive");
+  b.api = read_api_limits(r);
   r.finish();
   return b;
 }
@@ -109,6 +118,7 @@ KubeBackendSpec kube_backend_from_json(const nlohmann::json& j, const std::strin
     }
   b.pending_timeout = r.duration("pending_timeout", b.pending_timeout);
   if (b.pending_timeout <= 0) r.fail("pending_timeout", "must be positive");
+  b.api = read_api_limits(r);
   b.token_secret = r.text("token_secret", "");
   if (const nlohmann::json* o = r.child("owner_references")) {
     if (!o->is_array() || !std::all_of(o->begin(), o->end(), [](const nlohmann::json& x) {
@@ -180,7 +190,7 @@ std::vector<ReplicaGroup> replicas_from_json(const nlohmann::json& j, const std:
     if (std::find(order.begin(), order.end(), g.type) == order.end()) r.fail("type", "must be chief, ps or worker");
     for (const ReplicaGroup& other : groups)
       if (other.type == g.type) r.fail("type", "'" + g.type + "' is given twice: one group per type");
-    g.count = static_cast<int32_t>(r.integer("count", 1, 1, 4096));
+    g.count = static_cast<int32_t>(r.integer("count", 1, 1, kMaxNodes));
     g.nproc_per_node = static_cast<int32_t>(r.integer("nproc_per_node", s.nproc_per_node, 1, 1024));
     if (g.type == "chief" && g.count != 1) r.fail("count", "must be 1: a job has one chief");
     g.command = s.command;
@@ -290,7 +300,7 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   for (char c : s.job)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
       r.fail("job", "may hold only letters, digits, '-', '_' and '.' (it names files and shared memory)");
-  s.nodes = static_cast<int32_t>(r.integer("nodes", 1, 1, 4096));
+  s.nodes = static_cast<int32_t>(r.integer("nodes", 1, 1, kMaxNodes));
   const nlohmann::json* cmd = r.child("command");
   if (cmd || !j.contains("replicas")) {  // with replica groups, each may bring its own instead
     if (!cmd || !cmd->is_array() || cmd->empty()) r.fail("command", "is required: the trainer's argv, a list of strings");
@@ -395,7 +405,7 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
     if (r.has("nodes") && s.nodes != total)
       r.fail("nodes", "is " + std::to_string(s.nodes) + " but the replica groups add up to " + std::to_string(total) +
                           " (leave it out: it follows from them)");
-    if (total > 4096) r.fail("replicas", "add up to " + std::to_string(total) + " nodes; at most 4096");
+    if (total > kMaxNodes) r.fail("replicas", "add up to " + std::to_string(total) + " nodes; at most " + std::to_string(kMaxNodes));
     s.nodes = total;
   } else {
     s.replicas = s.workers_only();

@@ -15,6 +15,17 @@
 
 namespace goodput::live {
 
+// How hard a master may press its cluster's API (backend.api_qps, api_burst, api_concurrency): calls
+// that create, delete or relabel nodes go through a token bucket of `qps` refilled per second,
+// holding at most `burst`, with at most `concurrency` calls in flight. The defaults are
+// kube-controller-manager's (20 QPS, burst 30), a good citizen's share of a shared API server;
+// client-go's own (5, 10) make 1,000 replacement pods take over three minutes.
+struct ApiLimits {
+  double qps = 20;
+  int32_t burst = 30;
+  int32_t concurrency = 8;
+};
+
 // Nodes on a Ray cluster: each node (agent + trainer) is one Ray job, submitted through the
 // dashboard's Jobs API and pinned by the resources it asks for.
 struct RayBackendSpec {
@@ -30,6 +41,7 @@ struct RayBackendSpec {
   std::string master_url;  // how Ray's nodes reach the master (http://host[:port]); empty: the URL it listens on
   Duration pending_timeout = 120 * kSecond;  // a node's job still PENDING after this is given up and resubmitted
   Duration poll_interval = 1 * kSecond;
+  ApiLimits api;
 };
 
 // Nodes as pods on a Kubernetes cluster: one pod per node, created from this template and watched.
@@ -57,6 +69,7 @@ struct KubeBackendSpec {
   // GoodputJob takes them with it.
   std::string token_secret;
   nlohmann::json owner_references = nlohmann::json::array();
+  ApiLimits api;
 };
 
 // The pre-flight node check ("node_check"; absent: off). A node is checked once, when it first takes
@@ -104,6 +117,9 @@ int32_t first_process(const std::vector<ReplicaGroup>& groups, int32_t slot);
 
 // A node check's fault drill: "corrupt", "link-down" or "slow:F" (F from 1 to 1000).
 bool valid_check_fault(const std::string& fault);
+
+// The most nodes a job may have: 12,500 nodes of 8 accelerators (100,000) fit, with room to grow.
+inline constexpr int32_t kMaxNodes = 16384;
 
 struct JobSpec {
   std::string job;

@@ -87,6 +87,7 @@ void LiveMaster::append(const Event& e) {
           run_at_ = e.time + p.delay;
           rdzv_port_ = 0;  // execute() picks a free one
           failures_.restarted();
+          exited_.clear();
           last_assigned_.clear();
           gen_saves_ = gen_blocking_ns_ = 0;
         } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
@@ -182,12 +183,11 @@ uint16_t LiveMaster::pick_port() const {
 
 json LiveMaster::register_node(const RegisterRequest& req) {
   if (finished()) return json{{"action", "exit"}};
-  for (const auto& [id, n] : world_.nodes())
-    if (n.name == req.name && !n.gone) {  // a retry, or a master restart
-      json out = assignment(n);
-      advance();
-      return out;
-    }
+  if (const Node* known = world_.live_named(req.name)) {  // a retry, or a master restart
+    json out = assignment(*known);
+    advance();
+    return out;
+  }
   Node n;
   n.id = world_.next_id();
   n.name = req.name;
@@ -312,8 +312,12 @@ json LiveMaster::heartbeat(const AgentReport& r) {
     advance();
     return json{{"action", "exit"}};
   }
-  if (r.trainer) n->trainer.apply(*r.trainer, now);
-  advance();
+  // A report that only moves the step changes no agreement: nothing to ask the world (the tick
+  // weighs what time changes). Per heartbeat the master does O(1) work, whatever the world's size.
+  if (r.trainer && n->trainer.apply(*r.trainer, now)) {
+    if (n->trainer.exited && !n->trainer.done && n->trainer.restart == restart_.restart) exited_.insert(n->id);
+    advance();
+  }
   if (rdzv_port_ == 0) rdzv_port_ = pick_port();  // a resumed master: the old one's port died with it
   json out = assignment(*n);
   n->inject.clear();
@@ -529,20 +533,25 @@ void LiveMaster::advance() {
     const JobState& s = master_.state();
     const Phase phase = s.phase();
     const Time now = clock_.now();
-    const std::vector<Node*> w = world_.ranks();
+    const std::vector<Node*>& w = world_.ranks();
     if (w.empty() || s.restart_jobs() == 0) return;
     const int32_t gen = restart_.restart;
     if (phase != Phase::Restart && phase != Phase::Rendezvous && phase != Phase::CheckpointLoad && phase != Phase::Training)
       return;
-    if (auto f = completed(w, gen)) {
+    sweeps_.epoch = static_cast<int64_t>(world_.epoch());
+    if (auto f = completed(w, gen, sweeps_)) {
       observe(std::move(*f));
       return;
     }
-    if (auto p = persisted(w, persisted_step_, saved_step_)) {
+    if (auto p = persisted(w, persisted_step_, saved_step_, sweeps_)) {
       observe(*p);
       continue;
     }
-    FailureWatch::Notice noticed = failures_.notice(w, gen, phase, now);
+    Ranks exits;  // the ranks whose trainers reported an exit in this restart, by rank
+    for (NodeId id : exited_)
+      if (Node* n = world_.node(id); n && !n->gone && n->slot >= 0 && n->slot < world_.size()) exits.push_back(n);
+    std::sort(exits.begin(), exits.end(), [](const Node* a, const Node* b) { return a->slot < b->slot; });
+    FailureWatch::Notice noticed = failures_.notice(w, exits, gen, phase, now, ticking_);
     if (noticed.kind == FailureWatch::Notice::Kind::Wait) return;  // tick() comes back
     if (noticed.kind == FailureWatch::Notice::Kind::Observe) {
       if (noticed.dump_stacks)
@@ -550,7 +559,7 @@ void LiveMaster::advance() {
       observe(std::move(*noticed.event));
       continue;
     }
-    if (auto e = phase_reached(phase, w, gen, now, run_at_, restart_.world_size)) {
+    if (auto e = phase_reached(phase, w, gen, now, run_at_, restart_.world_size, sweeps_)) {
       observe(std::move(*e));
       continue;
     }
@@ -560,7 +569,7 @@ void LiveMaster::advance() {
           observe(*slow);
           continue;
         }
-      if (auto c = saved(w, gen, gen_saves_, gen_blocking_ns_, plan_)) {
+      if (auto c = saved(w, gen, gen_saves_, gen_blocking_ns_, plan_, sweeps_)) {
         observe(*c);
         start_waiting_check();  // the moment an operator's check waited for: nothing to recompute
         continue;

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/live/agent_protocol.h"
+#include "backends/live/agreement.h"
 #include "backends/live/failure_watch.h"
 #include "backends/live/job_spec.h"
 #include "backends/live/live_clock.h"
@@ -162,6 +163,8 @@ class LiveMaster final : public Backend, public EventSink {
   std::optional<FailureObserved> last_failure_;
   std::optional<Recovery> last_recovery_;
   std::vector<std::string> notes_;
+  std::set<NodeId> exited_;               // nodes whose trainers reported an exit in this restart
+  Sweeps sweeps_;                         // how far advance()'s questions to the world got
   // Each trainer process's newest answer in this restart, by node and local rank.
   std::map<std::pair<NodeId, int32_t>, ShardsAssigned> last_assigned_;
   int64_t unauthorized_ = 0;

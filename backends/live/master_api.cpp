@@ -176,7 +176,7 @@ json read_scale(LiveMaster& m, const json& b) {
   only_keys(b, {"group", "count", "reason"});
   const std::string reason = reason_field(b);
   const int64_t count = field<int64_t>(b, "count");
-  if (count < 0 || count > 4096) throw BadRequest("field 'count' must be from 0 to 4096");
+  if (count < 0 || count > kMaxNodes) throw BadRequest("field 'count' must be from 0 to " + std::to_string(kMaxNodes));
   try {
     return m.request_scale(field<std::string>(b, "group"), static_cast<int32_t>(count), reason);
   } catch (const std::invalid_argument& e) {
@@ -213,7 +213,8 @@ net::HttpResponse MasterApi::handle(const net::HttpRequest& req) {
   if (req.method == "GET" && path == "/healthz") return {200, "text/plain", "ok\n"};
   if (req.method == "GET" && (path == "/status" || path == "/metrics" || path == "/")) {
     if (!authorized && (path == "/metrics" ? metrics_need_token_ : status_needs_token_)) return refuse_token();
-    if (path == "/status") return reply(200, status_of(master_));
+    // ?nodes=0: without the node table (a 10,000-node job's is a megabyte, and pollers need the counts).
+    if (path == "/status") return reply(200, status_of(master_, req.target.find("nodes=0") == std::string::npos));
     if (path == "/metrics")
       return {200, "text/plain; version=0.0.4",
               metrics_of(master_, transport_refusals_ ? transport_refusals_() : net::HttpRefusals{})};

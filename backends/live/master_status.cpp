@@ -26,7 +26,7 @@ NodeCounts count_nodes(const World& world) {
 }
 }  // namespace
 
-nlohmann::ordered_json status_of(const LiveMaster& m) {
+nlohmann::ordered_json status_of(const LiveMaster& m, bool with_nodes) {
   const JobState& s = m.state();
   const World& world = m.world();
   const Report r = make_report(s);
@@ -60,6 +60,7 @@ nlohmann::ordered_json status_of(const LiveMaster& m) {
     out["shards"] = {{"total", shards.total()}, {"done", shards.done()}, {"queued", shards.queued()},
                      {"duplicates", shards.duplicates()}};
   out["nodes_training"] = count_nodes(world).training;
+  if (!with_nodes) return out;
   auto& nodes = out["nodes"] = nlohmann::ordered_json::array();
   const Time now = m.now();
   for (const auto& [id, n] : world.nodes()) {

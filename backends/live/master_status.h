@@ -12,7 +12,8 @@
 
 namespace goodput::live {
 
-nlohmann::ordered_json status_of(const LiveMaster& master);
+// with_nodes: also every node's line (O(world): for /status, not for a line printed every second).
+nlohmann::ordered_json status_of(const LiveMaster& master, bool with_nodes = true);
 // `transport`: what the HTTP server refused before any handler saw a request.
 std::string metrics_of(const LiveMaster& master, const net::HttpRefusals& transport = {});
 std::string page_of(const LiveMaster& master);  // reloads itself every 5 s

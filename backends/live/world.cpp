@@ -1,6 +1,7 @@
 #include "backends/live/world.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace goodput::live {
 
@@ -8,7 +9,23 @@ World::World(std::vector<ReplicaGroup> groups, int32_t slots)
     : groups_(std::move(groups)),
       slots_(static_cast<size_t>(slots), -1),
       slot_memory_(static_cast<size_t>(slots), 1000),
-      size_(slots) {}
+      size_(slots) {
+  for (int32_t s = 0; s < slots; ++s) vacant_.insert(s);
+}
+
+void World::hold(int32_t slot, NodeId id) {
+  slots_[static_cast<size_t>(slot)] = id;
+  if (id < 0) vacant_.insert(slot);
+  else vacant_.erase(slot);
+  if (slot < size_) ++epoch_;
+}
+
+void World::slots_changed() {
+  vacant_.clear();
+  for (int32_t s = 0; s < slot_count(); ++s)
+    if (slots_[static_cast<size_t>(s)] < 0) vacant_.insert(s);
+  ++epoch_;
+}
 
 std::string TrainerReport::quietest_process() const {
   if (processes <= 1 || !ranks.is_array()) return "";
@@ -22,7 +39,13 @@ std::string TrainerReport::quietest_process() const {
   return "local rank " + std::to_string(pick->value("local_rank", -1)) + " (rank " + std::to_string(pick->value("rank", -1)) + ")";
 }
 
-void Trainer::apply(const TrainerReport& t, Time now) {
+bool Trainer::apply(const TrainerReport& t, Time now) {
+  using Agreed = std::tuple<int32_t, std::string, bool, bool, int64_t, int64_t, int64_t, std::vector<int64_t>, bool>;
+  auto agreed = [](const Trainer& x) {
+    return Agreed{x.restart, x.phase,           x.done,       x.exited, x.saves, x.save_blocking_ns,
+                  x.saved_step, x.storage_steps, x.loaded.has_value()};
+  };
+  const Agreed was = agreed(*this);
   if (t.restart != restart) *this = Trainer{};
   std::optional<CheckpointLoaded> was_loaded = std::move(loaded);
   static_cast<TrainerReport&>(*this) = t;
@@ -37,6 +60,7 @@ void Trainer::apply(const TrainerReport& t, Time now) {
     exit_reason = t.exit->reason;
     phase = "exited";
   }
+  return agreed(*this) != was;
 }
 
 Node& World::join(const NodeJoined& p) {
@@ -45,7 +69,11 @@ Node& World::join(const NodeJoined& p) {
   n.name = p.name;
   n.slot = p.slot;
   n.kind = p.replica_type;
-  if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) slots_[p.slot] = p.node;
+  if (std::vector<NodeId>& ids = by_name_[p.name]; std::find(ids.begin(), ids.end(), p.node) == ids.end()) {
+    ids.push_back(p.node);
+    std::sort(ids.begin(), ids.end());
+  }
+  if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) hold(p.slot, p.node);
   waiting_slots_.erase(p.slot);
   next_node_ = std::max(next_node_, p.node + 1);
   return n;
@@ -57,7 +85,7 @@ void World::relaunch(const RecoveryDecided& p) {
   if (n.slot >= 0 && static_cast<size_t>(n.slot) < slots_.size()) {
     if (p.action == RecoveryAction::RelaunchWithMoreMemory)
       slot_memory_[n.slot] = static_cast<int32_t>(int64_t{slot_memory_[n.slot]} * p.memory_permille / 1000);
-    slots_[n.slot] = -1;
+    hold(n.slot, -1);
   }
   n.former_slot = n.slot;
   n.slot = -1;
@@ -83,6 +111,7 @@ void World::scale(const ScaleDecided& p) {
       nodes_[slots_[s]].slot = -1;  // back to the spares
       slots_[s] = -1;
     }
+  slots_changed();
   place_spares();
 }
 
@@ -125,19 +154,19 @@ void World::relayout(const ScaleDecided& d) {
   slot_memory_ = std::move(memory);
   waiting_slots_ = std::move(waiting);
   size_ = std::clamp(d.to, 0, slot_count());
+  slots_changed();
   place_spares();
 }
 
 void World::place_spares() {
-  for (int32_t s = 0; s < size_; ++s) {
-    if (slots_[s] >= 0) continue;
+  const std::vector<int32_t> vacant(vacant_.begin(), vacant_.lower_bound(size_));
+  for (int32_t s : vacant)
     for (auto& [id, n] : nodes_)
       if (!n.gone && n.slot < 0 && fits(n, s)) {
         n.slot = s;
-        slots_[s] = id;
+        hold(s, id);
         break;
       }
-  }
 }
 
 Node* World::node(NodeId id) {
@@ -151,8 +180,15 @@ const Node* World::node(NodeId id) const {
 }
 
 const Node* World::named(const std::string& name) const {
-  for (const auto& [id, n] : nodes_)
-    if (n.name == name) return &n;
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() || it->second.empty() ? nullptr : node(it->second.front());
+}
+
+Node* World::live_named(const std::string& name) {
+  const auto it = by_name_.find(name);
+  if (it == by_name_.end()) return nullptr;
+  for (NodeId id : it->second)
+    if (Node* n = node(id); n && !n->gone) return n;
   return nullptr;
 }
 
@@ -161,33 +197,29 @@ const Node* World::holder(int32_t slot) const {
   return node(slots_[slot]);
 }
 
-std::vector<Node*> World::ranks() {
-  std::vector<Node*> out;
-  for (int32_t s = 0; s < size_; ++s) {
-    if (slots_[s] < 0) return {};
-    out.push_back(&nodes_[slots_[s]]);
+const std::vector<Node*>& World::ranks() {
+  if (ranks_epoch_ != epoch_) {
+    ranks_epoch_ = epoch_;
+    ranks_.clear();
+    if (ranks_held())
+      for (int32_t s = 0; s < size_; ++s) ranks_.push_back(&nodes_[slots_[s]]);
   }
-  return out;
+  return ranks_;
 }
 
-bool World::ranks_held() const {
-  return std::none_of(slots_.begin(), slots_.begin() + size_, [](NodeId id) { return id < 0; });
-}
+bool World::ranks_held() const { return vacant_.empty() || *vacant_.begin() >= size_; }
 
-bool World::every_slot_held() const {
-  return std::none_of(slots_.begin(), slots_.end(), [](NodeId id) { return id < 0; });
-}
+bool World::every_slot_held() const { return vacant_.empty(); }
 
 std::optional<int32_t> World::first_vacant() const {
-  const auto it = std::find(slots_.begin(), slots_.end(), NodeId{-1});
-  if (it == slots_.end()) return std::nullopt;
-  return static_cast<int32_t>(it - slots_.begin());
+  if (vacant_.empty()) return std::nullopt;
+  return *vacant_.begin();
 }
 
 std::optional<int32_t> World::slot_for(const Node& n, int64_t wanted) const {
   if (wanted >= 0 && wanted < size_ && slots_[static_cast<size_t>(wanted)] < 0) return static_cast<int32_t>(wanted);
-  for (int32_t s = 0; s < size_; ++s)
-    if (slots_[s] < 0 && fits(n, s)) return s;
+  for (auto it = vacant_.begin(); it != vacant_.end() && *it < size_; ++it)
+    if (fits(n, *it)) return *it;
   return std::nullopt;
 }
 

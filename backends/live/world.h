@@ -68,7 +68,10 @@ struct Trainer : TrainerReport {
   std::string exit_reason;
   Time exited_at = 0;
   // Takes a heartbeat's report, received at `now` (a report of another restart starts afresh).
-  void apply(const TrainerReport& r, Time now);
+  // True when it changed what the world's agreement reads (restart, phase, saves, steps in
+  // storage, the checkpoint loaded, done, the exit); a report that only moves the step and the
+  // progress time returns false, and nothing follows from it until the next tick.
+  bool apply(const TrainerReport& r, Time now);
 };
 
 struct Node {
@@ -105,7 +108,8 @@ class World {
   // ---- the table
   Node* node(NodeId id);
   const Node* node(NodeId id) const;
-  const Node* named(const std::string& name) const;  // the node of that name (gone or not); null: none
+  const Node* named(const std::string& name) const;  // the first node of that name (gone or not); null: none
+  Node* live_named(const std::string& name);         // the node of that name still in the job; null: none
   std::map<NodeId, Node>& nodes() { return nodes_; }
   const std::map<NodeId, Node>& nodes() const { return nodes_; }
   NodeId next_id() { return next_node_++; }
@@ -116,8 +120,12 @@ class World {
   NodeId at(int32_t slot) const { return slots_[static_cast<size_t>(slot)]; }  // -1: vacant
   const Node* holder(int32_t slot) const;  // the node at a slot; null: vacant or out of range
   int32_t memory_permille(int32_t slot) const { return slot_memory_[static_cast<size_t>(slot)]; }
-  // The nodes holding slots 0..size-1, by rank; empty while one of them is vacant.
-  std::vector<Node*> ranks();
+  // The nodes holding slots 0..size-1, by rank; empty while one of them is vacant. Kept between
+  // changes of the slots (a heartbeat must not cost O(world)).
+  const std::vector<Node*>& ranks();
+  // Changes each time a slot changes hands or the world's size changes: what was learnt about
+  // `ranks()` before (how far a scan got) holds while it stays the same.
+  uint64_t epoch() const { return epoch_; }
   bool ranks_held() const;       // no slot of the world is vacant
   bool every_slot_held() const;  // no slot of the layout is vacant (a shrunk world may miss some)
   std::optional<int32_t> first_vacant() const;  // the lowest slot no node holds
@@ -141,6 +149,9 @@ class World {
  private:
   void relayout(const ScaleDecided& d);
   void place_spares();
+  void hold(int32_t slot, NodeId id);  // slot changes hands (-1: falls vacant)
+  void slots_changed();                // after a change of many slots or of the world's size
+
 
   std::vector<ReplicaGroup> groups_;
   std::map<NodeId, Node> nodes_;
@@ -149,6 +160,11 @@ class World {
   NodeId next_node_ = 0;
   int32_t size_ = 0;
   std::set<int32_t> waiting_slots_;    // vacant slots reported as NoSpareNode
+  std::set<int32_t> vacant_;           // slots of the layout no node holds
+  std::map<std::string, std::vector<NodeId>> by_name_;  // nodes by name, oldest first
+  std::vector<Node*> ranks_;           // ranks() as of epoch_
+  uint64_t epoch_ = 1;
+  uint64_t ranks_epoch_ = 0;
   // Replica counts of each restart's world, by the step it restored: checkpoints of steps above a
   // key were saved under its layout (until the next key).
   std::map<int64_t, nlohmann::json> layouts_;
