@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 
 namespace goodput {
 
@@ -46,7 +47,6 @@ void JobMaster::observe(EventPayload observation) {
   // Every policy sees this observation, whatever was decided before it was asked.
   const Event observed = record(std::move(observation));
   const EventPayload& obs = observed.payload;
-  decisions_.clear();
   auto decide = [&](EventPayload d) { decisions_.push_back(record(std::move(d))); };
 
   if (const auto* f = std::get_if<FailureObserved>(&obs)) decide(policies_.recovery->on_failure(state_, *f));
@@ -71,9 +71,14 @@ void JobMaster::observe(EventPayload observation) {
   } else if (!state_.finished() && options_.finish_on_give_up) {
     decide(with_restore(JobFinished{"gave-up", state_.steps_done()}));
   }
+  if (bursts_ == 0) act();
+}
+
+void JobMaster::act() {
   if (options_.flush_before_acting)
     for (EventSink* s : sinks_) s->flush();
-  for (const Event& d : decisions_) backend_.execute(d);
+  // Carrying one out may observe again (a backend that reports at once): take them first.
+  for (const Event& d : std::exchange(decisions_, {})) backend_.execute(d);
 }
 
 }  // namespace goodput

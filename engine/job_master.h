@@ -3,6 +3,7 @@
 // appended too, made durable (live mode), and only then handed to the backend to carry out.
 #pragma once
 
+#include <exception>
 #include <vector>
 
 #include "engine/clock.h"
@@ -43,6 +44,23 @@ class JobMaster {
   // mode it is durable when this returns.
   Event log(EventPayload payload);
 
+  // A burst: observations made while one is held (a zone's thousand lost nodes found in one tick)
+  // are recorded and decided as they come, but what was decided is carried out only when the last
+  // Burst ends, after one commit of everything they logged, instead of a commit per observation.
+  // Decisions stay durable before any action; the order of actions is the order of decisions.
+  class Burst {
+   public:
+    explicit Burst(JobMaster& m) : m_(m) { ++m_.bursts_; }
+    ~Burst() noexcept(false) {
+      if (--m_.bursts_ == 0 && std::uncaught_exceptions() == 0) m_.act();
+    }
+    Burst(const Burst&) = delete;
+    Burst& operator=(const Burst&) = delete;
+
+   private:
+    JobMaster& m_;
+  };
+
   const JobState& state() const { return state_; }
   const PolicySet& policies() const { return policies_; }
 
@@ -50,6 +68,7 @@ class JobMaster {
   Event record(EventPayload payload);
   // A job that ends mid-recovery names the restore it was going back to (see JobFinished).
   JobFinished with_restore(JobFinished f) const;
+  void act();  // commit what was logged, then carry out the decisions not yet carried out
 
   PolicySet policies_;
   const Clock& clock_;
@@ -57,7 +76,8 @@ class JobMaster {
   std::vector<EventSink*> sinks_;
   Options options_;
   JobState state_;
-  std::vector<Event> decisions_;
+  std::vector<Event> decisions_;  // decided and not yet carried out
+  int bursts_ = 0;
 };
 
 }  // namespace goodput

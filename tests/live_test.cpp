@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -398,4 +399,74 @@ TEST_CASE("the status endpoints' access: open on loopback, the token elsewhere (
     h.api->set_read_access(c.access, c.listen);
     CHECK(get(c.path, c.auth) == c.status);
   }
+}
+
+TEST_CASE("a zone of 100 of 200 nodes lost in one tick: logged and committed at once before any action, each slot relaunched once, the world formed again") {
+  // Correctness at a scale the test command affords (goodput bench api --fail has the big one):
+  // the provider reports half the world lost in one tick, as a zone outage would.
+  constexpr int kNodes = 200, kLost = 100;
+  json spec{{"job", "zone"}, {"nodes", kNodes}, {"command", {"true"}}, {"total_steps", 1000},
+            {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}};
+  Harness h(Harness::Spec{spec});
+  h.provider.calls.clear();  // the first launches
+  std::vector<int32_t> node(kNodes);
+  for (int s = 0; s < kNodes; ++s)
+    node[s] = h.post("/v1/register", json{{"name", "pod-" + std::to_string(s)}, {"slot", s}})["node"].get<int32_t>();
+  h.tick();
+  auto train = [&](int32_t n, int32_t restart) {
+    return h.post("/v1/heartbeat", json{{"node", n}, {"trainer", {{"restart", restart}, {"phase", "training"}, {"step", 5},
+                                                                   {"progress_age_ms", 0},
+                                                                   {"loaded", {{"step", 0}, {"tier", "none"}, {"ns", 1}}}}}});
+  };
+  for (int s = 0; s < kNodes; ++s) REQUIRE(train(node[s], 0)["action"] == "run");
+  h.tick();
+  REQUIRE(h.master->state().phase() == Phase::Training);
+
+  // At each action, what the log on disk holds (a second connection, as a resumed master would read it).
+  std::vector<int64_t> committed_decisions;
+  h.provider.on_call = [&] {
+    SqliteStore disk(h.db.string(), SqliteStore::Mode::OpenReadOnly);
+    int64_t decided = 0;
+    disk.for_each([&](const Event& e) { decided += std::holds_alternative<RecoveryDecided>(e.payload) ? 1 : 0; });
+    committed_decisions.push_back(decided);
+  };
+  const uint64_t before = h.store->last_seq();
+  for (int s = 0; s < kLost; ++s) h.provider.losses.push_back({"pod-" + std::to_string(2 * s), "node zone-a-" + std::to_string(s) + " NotReady"});
+  h.tick();
+  const auto failures = h.events("failure_observed");
+  const auto decisions = h.events("recovery_decided");
+  CHECK(failures.size() == kLost);  // no failure missed, none twice
+  REQUIRE(decisions.size() == kLost);
+  for (const json& d : decisions) CHECK(d["action"] == "relaunch_node");
+  // Every action came after all of the tick's decisions were on disk: one commit, then the actions.
+  REQUIRE(committed_decisions.size() == 2 * kLost);  // a terminate and a launch for each
+  for (int64_t c : committed_decisions) CHECK(c == kLost);
+  std::multiset<std::string> launched;
+  for (const std::string& c : h.provider.calls)
+    if (c.rfind("launch ", 0) == 0) launched.insert(c);
+  CHECK(launched.size() == kLost);
+  for (int s = 0; s < kLost; ++s) CHECK(launched.count("launch " + std::to_string(2 * s) + " 1000") == 1);  // each lost slot once
+  CHECK(h.store->last_seq() - before >= 2 * kLost);
+
+  // The replacements join (each for the slot it was launched for), and the world trains again.
+  h.provider.on_call = nullptr;
+  for (int s = 0; s < kLost; ++s)
+    node[2 * s] = h.post("/v1/register", json{{"name", "pod-" + std::to_string(2 * s) + "-b"}, {"slot", 2 * s}})["node"].get<int32_t>();
+  h.tick();
+  const auto restarts = h.events("restart_job");
+  REQUIRE(restarts.size() == 2);  // the first start and this one: not one per lost node
+  CHECK(restarts.back()["world_size"] == kNodes);
+  std::set<int32_t> holders;
+  for (int s = 0; s < kNodes; ++s) {
+    REQUIRE(h.master->world().at(s) == node[s]);  // every slot filled, by the node that joined for it
+    holders.insert(h.master->world().at(s));
+  }
+  CHECK(holders.size() == kNodes);
+  for (int s = 0; s < kNodes; ++s) REQUIRE(train(node[s], 1)["action"] == "run");
+  h.tick();
+  CHECK(h.master->state().phase() == Phase::Training);
+  // The log is complete: a master resumed from it lays the world out the same way.
+  h.new_master(spec);
+  for (int s = 0; s < kNodes; ++s) CHECK(h.master->world().at(s) == node[s]);
+  CHECK(h.master->state().restart_jobs() == 2);
 }

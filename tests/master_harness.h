@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -35,10 +36,15 @@ struct ManualClock final : Clock {
 // Records what the master asks of its machines.
 struct RecordingProvider final : live::NodeProvider {
   std::vector<std::string> calls;
+  std::function<void()> on_call;  // run as each call is made (a test looks at the log then)
   void launch(int32_t slot, int32_t memory_permille) override {
+    if (on_call) on_call();
     calls.push_back("launch " + std::to_string(slot) + " " + std::to_string(memory_permille));
   }
-  void terminate(const std::string& name) override { calls.push_back("terminate " + name); }
+  void terminate(const std::string& name) override {
+    if (on_call) on_call();
+    calls.push_back("terminate " + name);
+  }
   std::vector<live::LostNode> losses;  // reported with the master's next tick
   std::vector<live::LostNode> lost() override { return std::exchange(losses, {}); }
   void shut_down(int) override {}

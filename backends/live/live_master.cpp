@@ -460,6 +460,8 @@ void LiveMaster::stop() { observe(JobFinished{"stopped", newest_step()}); }
 
 void LiveMaster::tick() {
   if (finished()) return;
+  // What a tick finds (a zone's nodes lost at once) is committed once and then acted on.
+  JobMaster::Burst burst(master_);
   const Time now = clock_.now();
   if (provider_) {
     for (StatusObserved& s : provider_->status_changes()) observe(std::move(s));
