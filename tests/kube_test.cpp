@@ -5,6 +5,10 @@
 // PyTorch trainers on the Kubernetes API emulator and the real kubectl, is tests/python/test_kube.py.)
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -353,4 +357,90 @@ TEST_CASE("the manifests' namespace is one setting: kustomize puts it everywhere
   CHECK(namespaced == 7);
   CHECK(r.output.find("training") == std::string::npos);
   CHECK(r.output.find("NAMESPACE") == std::string::npos);
+}
+
+namespace {
+// A provider whose API calls take 30 ms each and are recorded: what ClusterNodes does with many
+// commands at once, without a cluster.
+struct RecordingNodes final : live::ClusterNodes<live::ClusterMember> {
+  using Command = ClusterNodes::Command;
+  struct Call {
+    Command::Kind kind;
+    std::string name;
+    std::chrono::steady_clock::time_point start, end;
+  };
+  explicit RecordingNodes(live::ApiLimits limits) : ClusterNodes({"test", "machine", "node"}, {}, false, limits) {
+    start_worker();
+  }
+  ~RecordingNodes() override { stop_worker(); }
+  void launch(int32_t slot, int32_t) override {
+    std::lock_guard lock(mu_);
+    const std::string name = "n" + std::to_string(slot);
+    members_[name].slot = slot;
+    queue({Command::Create, name, 1000, slot});
+  }
+  bool carry_out(const Command& c) override {
+    const auto start = std::chrono::steady_clock::now();
+    const int now_in_flight = ++in_flight;
+    for (int seen = most_in_flight.load(); seen < now_in_flight && !most_in_flight.compare_exchange_weak(seen, now_in_flight);) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    --in_flight;
+    std::lock_guard lock(calls_mu);
+    const bool refuse = c.name == refuse_once && c.kind == Command::Create && !refused;  // a 429 after its retries
+    refused = refused || refuse;
+    calls.push_back({c.kind, c.name, start, std::chrono::steady_clock::now()});
+    return !refuse;
+  }
+  std::atomic<int> in_flight{0}, most_in_flight{0};
+  std::mutex calls_mu;
+  std::vector<Call> calls;
+  std::string refuse_once;
+  bool refused = false;
+};
+}  // namespace
+
+TEST_CASE("API commands go out concurrently within the rate limit; a node's delete never overtakes its create") {
+  live::ApiLimits limits{.qps = 200, .burst = 10, .concurrency = 6};
+  RecordingNodes nodes(limits);
+  {
+    std::lock_guard lock(nodes.calls_mu);
+    nodes.refuse_once = "n3";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int32_t s = 0; s < 60; ++s) nodes.launch(s, 1000);
+  for (int32_t s = 0; s < 60; s += 5) nodes.terminate("n" + std::to_string(s));  // queued behind their creates
+  for (int i = 0; i < 500; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::lock_guard lock(nodes.calls_mu);
+    if (nodes.calls.size() == 60 + 1 + 12) break;  // + the refused try, + the deletes
+  }
+  std::lock_guard lock(nodes.calls_mu);
+  REQUIRE(nodes.calls.size() == 73);
+  // Concurrency: more than one at a time (30 ms calls, 60 of them), never more than allowed.
+  CHECK(nodes.most_in_flight.load() > 1);
+  CHECK(nodes.most_in_flight.load() <= limits.concurrency);
+  // Rate: by any moment, at most burst + qps x elapsed calls started.
+  std::vector<double> starts;
+  for (const auto& c : nodes.calls) starts.push_back(std::chrono::duration<double>(c.start - t0).count());
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 0; i < starts.size(); ++i) CHECK(static_cast<double>(i + 1) <= limits.burst + limits.qps * starts[i] + 1);
+  // Order per node: a delete starts after its create ended; the refused create was tried again
+  // (a second later) without holding up the others, and its node's delete waited for it.
+  std::map<std::string, std::vector<const RecordingNodes::Call*>> by_name;
+  for (const auto& c : nodes.calls) by_name[c.name].push_back(&c);
+  for (int32_t s = 0; s < 60; s += 5) {
+    const auto& cs = by_name["n" + std::to_string(s)];
+    REQUIRE(cs.size() == 2);
+    CHECK(cs[0]->kind == RecordingNodes::Command::Create);
+    CHECK(cs[1]->kind == RecordingNodes::Command::Delete);
+    CHECK(cs[1]->start >= cs[0]->end);
+  }
+  const auto& n3 = by_name["n3"];
+  REQUIRE(n3.size() == 2);
+  CHECK(n3[1]->start - n3[0]->end >= std::chrono::milliseconds(900));
+  size_t meanwhile = 0;  // calls made between the refusal and the retry
+  for (const auto& c : nodes.calls)
+    if (c.name != "n3" && c.start >= n3[0]->end && c.end <= n3[1]->start) ++meanwhile;
+  CHECK(meanwhile > 0);
 }

@@ -251,6 +251,10 @@ json KubeClient::call(const std::string& method, const std::string& path, const 
   int backoff = 100;
   const std::string text = body.is_null() ? "" : body.dump();
   for (int attempt = 1;; ++attempt) {
+    // A 429's Retry-After holds every call of this client, not just the one it answered.
+    if (const auto resume = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(paused_until_.load()));
+        resume > std::chrono::steady_clock::now())
+      std::this_thread::sleep_until(resume);
     net::Headers h = headers();
     if (!text.empty()) h.emplace_back("Content-Type", content_type);
     const auto r = net::http_request(url_, method, path, h, text, 10000, &config_.tls);
@@ -269,6 +273,14 @@ json KubeClient::call(const std::string& method, const std::string& path, const 
     ++retries_;
     // 429: the server says when (Retry-After, seconds); otherwise back off exponentially.
     const int wait = r && r->status == 429 ? retry_after_ms(r->retry_after, backoff) : backoff;
+    if (r && r->status == 429) {
+      ++throttled_;
+      const int64_t until = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                (std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(wait, 10000))).time_since_epoch())
+                                .count();
+      for (int64_t was = paused_until_.load(); was < until && !paused_until_.compare_exchange_weak(was, until);) {
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(wait, 10000)));
     backoff = std::min(backoff * 2, 5000);
   }

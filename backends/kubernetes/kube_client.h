@@ -84,6 +84,7 @@ class KubeClient {
 
   const KubeConfig& config() const { return config_; }
   int64_t retries() const { return retries_; }
+  int64_t throttled() const { return throttled_; }  // answers that were 429 Too Many Requests
 
  private:
   net::Headers headers() const;
@@ -92,6 +93,8 @@ class KubeClient {
   net::Url url_;
   int attempts_;
   std::atomic<int64_t> retries_{0};
+  std::atomic<int64_t> throttled_{0};
+  std::atomic<int64_t> paused_until_{0};  // steady-clock ns: no call before then (the server's Retry-After)
 };
 
 std::string url_encode(const std::string& s);

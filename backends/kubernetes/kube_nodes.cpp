@@ -118,7 +118,7 @@ static std::string token_secret_name(const KubeNodesOptions& o) {
 }
 
 KubeNodes::KubeNodes(KubeNodesOptions options)
-    : ClusterNodes({"kubernetes", "node", "pod"}, options.replicas, true), o_(std::move(options)), client_(o_.config) {
+    : ClusterNodes({"kubernetes", "node", "pod"}, options.replicas, true, options.spec.api), o_(std::move(options)), client_(o_.config) {
   ns_ = !o_.spec.namespace_.empty() ? o_.spec.namespace_ : o_.config.namespace_;
   selector_ = "goodput/run=" + dns_label(o_.run);
   // The token the agents authenticate with: a Secret the pods' environment reads; the operator's,
@@ -375,19 +375,22 @@ void KubeNodes::on_idle() {
   give_up_unscheduled();
 }
 
-void KubeNodes::prepare(Command& c) {
-  give_up_unscheduled();
-  // For a Create: the shape as set_layout() last said, the nodes to keep off as they are now.
-  creating_ = o_;
-  creating_.replicas = groups_;
-  avoid_ = bad_nodes_;
-  avoid_.insert(excluded_.begin(), excluded_.end());
-}
+void KubeNodes::prepare(Command&) { give_up_unscheduled(); }
 
 bool KubeNodes::carry_out(const Command& c) {
   try {
     if (c.kind == Command::Create) {
-      client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", manifest_for(creating_, c.name, c.slot, c.memory_permille, avoid_));
+      json pod;
+      {
+        // The shape as set_layout() last said, the nodes to keep off as they are now.
+        std::lock_guard lock(mu_);
+        KubeNodesOptions shape = o_;
+        shape.replicas = groups_;
+        std::set<std::string> avoid = bad_nodes_;
+        avoid.insert(excluded_.begin(), excluded_.end());
+        pod = manifest_for(shape, c.name, c.slot, c.memory_permille, avoid);
+      }
+      client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", pod);
     } else if (c.kind == Command::Delete) {
       client_.call("DELETE", "/api/v1/namespaces/" + ns_ + "/pods/" + c.name);
     } else {

@@ -97,8 +97,6 @@ class KubeNodes final : public live::ClusterNodes<KubePod> {
   std::string selector_;
   std::set<std::string> bad_nodes_;  // nodes Kubernetes reports in trouble (until it reports them well)
   std::map<std::string, std::string> node_status_;  // nodes that hosted our pods -> status as last logged
-  KubeNodesOptions creating_;        // the shape of the pod being created (prepare: under the lock)
-  std::set<std::string> avoid_;      // the nodes it keeps off
   int counter_ = 0;
   std::vector<std::thread> threads_;  // the watches of pods and nodes
 };

@@ -1,10 +1,15 @@
 // What the node providers that place nodes through a cluster's API share (Kubernetes pods, Ray
-// jobs): the table of nodes they placed, a queue of API commands carried out on a worker thread of
-// their own (a command the API did not take is tried again a second later, so a slow or failing
-// API server never stalls the master), the losses and status changes the master collects, the
-// machines excluded after a hardware error, and the end of the job (wait for the nodes to leave,
-// then stop the rest). Each provider keeps only its API's specifics: how a command is carried out,
-// what it watches or polls, and what it reads as a loss.
+// jobs): the table of nodes they placed, a queue of API commands carried out by worker threads of
+// their own (so a slow or failing API server never stalls the master), the losses and status
+// changes the master collects, the machines excluded after a hardware error, and the end of the job
+// (wait for the nodes to leave, then stop the rest). Each provider keeps only its API's specifics:
+// how a command is carried out, what it watches or polls, and what it reads as a loss.
+//
+// The API server is shared with everyone else on the cluster, and a zone failure asks for a
+// thousand pods at once: commands go out at most `api.concurrency` at a time and at most `api.qps`
+// a second (a token bucket of `api.burst`), never one slow call after another. Commands for one
+// node keep their order (a delete never overtakes its create); a command the API did not take is
+// tried again a second later without holding up the others.
 //
 // Member is the provider's record of one node; it has at least the fields of ClusterMember.
 // A derived class starts the worker (start_worker) at the end of its constructor and stops it
@@ -14,7 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
+#include <list>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -25,7 +30,9 @@
 #include <utility>
 #include <vector>
 
+#include "backends/live/job_spec.h"
 #include "backends/live/node_provider.h"
+#include "net/token_bucket.h"
 
 namespace goodput::live {
 
@@ -48,7 +55,7 @@ class ClusterNodes : public NodeProvider {
       const auto it = members_.find(name);
       if (it == members_.end()) return;
       it->second.stopping = true;
-      queue_.push_back({Command::Delete, name, 0, -1});
+      queue_.push_back({{Command::Delete, name, 0, -1}});
     }
     cv_.notify_all();
   }
@@ -89,7 +96,7 @@ class ClusterNodes : public NodeProvider {
     for (auto& [name, m] : members_)
       if (!m.stopping && (delete_ended_at_end_ || !m.ended)) {
         m.stopping = true;
-        queue_.push_back({Command::Delete, name, 0, -1});
+        queue_.push_back({{Command::Delete, name, 0, -1}});
       }
     cv_.notify_all();
     cv_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(10), [&] { return queue_.empty(); });
@@ -109,32 +116,41 @@ class ClusterNodes : public NodeProvider {
   };
   // delete_ended_at_end: shut_down() deletes nodes that already ended too (a pod that completed
   // still holds its object).
-  ClusterNodes(Names names, std::vector<ReplicaGroup> groups, bool delete_ended_at_end)
-      : groups_(std::move(groups)), names_(std::move(names)), delete_ended_at_end_(delete_ended_at_end) {}
+  ClusterNodes(Names names, std::vector<ReplicaGroup> groups, bool delete_ended_at_end, ApiLimits limits)
+      : groups_(std::move(groups)),
+        names_(std::move(names)),
+        delete_ended_at_end_(delete_ended_at_end),
+        limits_(limits),
+        bucket_(limits.qps, limits.burst) {}
   ~ClusterNodes() override { stop_worker(); }
 
-  void start_worker() { worker_ = std::thread([this] { work(); }); }
+  void start_worker() {
+    for (int32_t i = 0; i < std::max(limits_.concurrency, 1); ++i) workers_.emplace_back([this, i] { work(i); });
+  }
   void stop_worker() {
     quit_ = true;
     cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    for (std::thread& t : workers_)
+      if (t.joinable()) t.join();
+    workers_.clear();
   }
 
-  // ---- the provider's API, on the worker thread
+  // ---- the provider's API, on the worker threads
   virtual void on_start() {}  // first, before any command (an adoption of a resumed master's nodes)
-  // Under mu_, before the queue's first command is carried out: name it, record it (it stays first
-  // until it is done, so a retry keeps the name).
+  // Under mu_, before a command is carried out: name it, record it (it stays in the queue until it
+  // is done, so a retry keeps the name).
   virtual void prepare(Command& c) { (void)c; }
-  // Carry it out; false: the API did not take it now, try again later.
+  // Carry it out (without mu_; several at once, each for another node); false: the API did not
+  // take it now, try again later.
   virtual bool carry_out(const Command& c) = 0;
-  // Every idle_every() (and between commands once due), without mu_: a poll, a sweep for nodes
-  // pending too long.
+  // Every idle_every() on the first worker (between its commands once due), without mu_: a poll,
+  // a sweep for nodes pending too long.
   virtual std::chrono::steady_clock::duration idle_every() const { return std::chrono::seconds(1); }
   virtual void on_idle() {}
 
   // ---- for the provider, under mu_
   void queue(Command c) {
-    queue_.push_back(std::move(c));
+    queue_.push_back({std::move(c)});
     cv_.notify_all();
   }
   // The node is lost, and why: told the master once, unless the master stopped it itself.
@@ -155,13 +171,24 @@ class ClusterNodes : public NodeProvider {
   std::atomic<bool> quit_{false};     // the provider is going away (its own threads watch it too)
 
  private:
-  void work() {
+  using SteadyClock = std::chrono::steady_clock;
+  struct Queued {
+    Command command;
+    bool in_flight = false;
+    SteadyClock::time_point not_before{};  // a retry waits until then
+  };
+
+  void work(int32_t worker) {
     // Nothing may escape this thread (std::terminate would take the master down with it).
-    for (bool started = false; !quit_;) {
+    while (!quit_) {
       try {
-        if (!started) on_start();
-        started = true;
-        run();
+        if (worker == 0 && !started_) {
+          on_start();
+          std::lock_guard lock(mu_);
+          started_ = true;
+          cv_.notify_all();
+        }
+        run(worker);
       } catch (const std::exception& e) {
         std::cerr << "goodput: " << names_.api << ": unexpected error, carrying on: " << e.what() << "\n";
         std::unique_lock lock(mu_);
@@ -169,44 +196,82 @@ class ClusterNodes : public NodeProvider {
       }
     }
   }
-  void run() {
-    auto next_idle = std::chrono::steady_clock::now();
+
+  // The command that goes next: one not in flight, not waiting for a retry, with no earlier
+  // command for the same node still queued; creates first (a replacement is what recovery waits
+  // for; deleting a lost node's remains and relabelling can wait), else in the order queued.
+  // `wake`: when one may be ready (a retry's time).
+  typename std::list<Queued>::iterator next_command(SteadyClock::time_point now, SteadyClock::time_point& wake) {
+    std::set<std::string> earlier;
+    auto pick = queue_.end();
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      const std::string& name = it->command.name;
+      const bool blocked = !name.empty() && !earlier.insert(name).second;
+      if (blocked || it->in_flight) continue;
+      if (it->not_before > now) {
+        wake = std::min(wake, it->not_before);
+        continue;
+      }
+      if (it->command.kind == Command::Create) return it;
+      if (pick == queue_.end()) pick = it;
+    }
+    return pick;
+  }
+
+  void run(int32_t worker) {
+    auto next_idle = SteadyClock::now();
     while (!quit_) {
       std::optional<Command> c;
+      typename std::list<Queued>::iterator picked;
       {
         std::unique_lock lock(mu_);
-        cv_.wait_until(lock, next_idle, [&] { return quit_ || !queue_.empty(); });
-        if (quit_) return;
-        if (!queue_.empty()) {
-          prepare(queue_.front());
-          c = queue_.front();
+        for (;;) {
+          if (quit_) return;
+          const auto now = SteadyClock::now();
+          if (worker == 0 && now >= next_idle) break;  // the idle work is due
+          auto wake = worker == 0 ? next_idle : now + std::chrono::seconds(1);
+          if (started_) {
+            if (auto it = next_command(now, wake); it != queue_.end()) {
+              if (const auto wait = bucket_.take(now); wait == SteadyClock::duration::zero()) {
+                prepare(it->command);
+                it->in_flight = true;
+                picked = it;
+                c = it->command;
+                break;
+              } else {
+                wake = std::min(wake, now + wait);  // the rate limit: the next token
+              }
+            }
+          }
+          cv_.wait_until(lock, wake);
         }
       }
-      bool retry = false;
-      if (c) {
-        const bool done = carry_out(*c);
-        std::unique_lock lock(mu_);
-        if (done) queue_.pop_front();
-        cv_.notify_all();
-        retry = !done;
-      }
-      if (std::chrono::steady_clock::now() >= next_idle) {
+      if (!c) {
         on_idle();
-        next_idle = std::chrono::steady_clock::now() + idle_every();
+        next_idle = SteadyClock::now() + idle_every();
+        continue;
       }
-      if (retry) {  // the API refused the command for now: a second before trying again
-        std::unique_lock lock(mu_);
-        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return quit_.load(); });
+      const bool done = carry_out(*c);
+      std::lock_guard lock(mu_);
+      if (done) {
+        queue_.erase(picked);
+      } else {  // the API refused it for now: a second before trying again, the others go on
+        picked->in_flight = false;
+        picked->not_before = SteadyClock::now() + std::chrono::seconds(1);
       }
+      cv_.notify_all();
     }
   }
 
   Names names_;
   bool delete_ended_at_end_;
-  std::deque<Command> queue_;
+  ApiLimits limits_;
+  net::TokenBucket bucket_;  // under mu_
+  bool started_ = false;     // on_start() is done: commands may go
+  std::list<Queued> queue_;
   std::vector<LostNode> lost_;
   std::vector<StatusObserved> changes_;
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace goodput::live

@@ -4,6 +4,8 @@
 // the rest are RayError with the dashboard's own words (its errors are plain text, not JSON).
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -97,8 +99,8 @@ class RayClient {
   net::Url url_;
   net::Headers headers_;
   RetryOptions retry_;
-  int64_t calls_ = 0;
-  int64_t retries_ = 0;
+  std::atomic<int64_t> calls_{0};  // atomic: a provider's workers call at once
+  std::atomic<int64_t> retries_{0};
 };
 
 }  // namespace goodput::ray

@@ -23,7 +23,7 @@ std::string seconds(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 RayNodes::RayNodes(RayNodesOptions options)
-    : ClusterNodes({"ray", "Ray node", "node"}, options.replicas, false),
+    : ClusterNodes({"ray", "Ray node", "node"}, options.replicas, false, options.spec.api),
       o_(std::move(options)),
       client_(o_.spec.address, o_.spec.headers, o_.retry) {
   start_worker();
@@ -159,6 +159,14 @@ void RayNodes::adopt() {
 }
 
 void RayNodes::poll() {
+  // Only nodes submitted before the list was asked for can be judged by it: a submission that a
+  // worker makes meanwhile may be missing from it without being gone.
+  std::set<std::string> submitted;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, t] : members_)
+      if (t.submitted) submitted.insert(name);
+  }
   std::vector<RayJob> jobs;
   std::vector<RayNode> cluster;
   try {
@@ -184,7 +192,7 @@ void RayNodes::poll() {
     cluster_ = cluster;
     const auto now = std::chrono::steady_clock::now();
     for (auto& [name, t] : members_) {
-      if (!t.submitted || t.ended) continue;
+      if (!submitted.contains(name) || t.ended) continue;
       const auto it = by_id.find(submission_id(name));
       if (it == by_id.end()) {
         end(t, "Ray job " + submission_id(name) + " is gone from the cluster");

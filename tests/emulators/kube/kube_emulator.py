@@ -32,7 +32,7 @@ server validates fields itself, so the real `kubectl apply` sends fieldValidatio
 Faults for tests, on /_emulator/ (not part of the Kubernetes API):
   POST /_emulator/oom {"pod"}            killed for memory: terminated reason OOMKilled, exitCode 1
                                           and the message of the fixture ih-oomkilled-unhealthy.yaml
-  POST /_emulator/node-down {"node", "form": "unknown"|"false"}
+  POST /_emulator/node-down {"node" or "nodes": [...], "form": "unknown"|"false"}
                                           the node's conditions and taints become those of
                                           node-not-ready-unknown.json / node-ready-false.json; its
                                           processes die, its pods still read Running (as they do
@@ -45,7 +45,10 @@ Faults for tests, on /_emulator/ (not part of the Kubernetes API):
   POST /_emulator/faults {"count", "code", "method", "path", "retry_after"}
                                           the next `count` matching requests get a 429 or 5xx Status
   GET  /_emulator/requests                every API request seen
+  GET  /_emulator/request-counts          how many, by method, and how many got a fault's answer
 Images whose name contains "does-not-exist" never pull (ErrImagePull, then ImagePullBackOff).
+With --cheap-pods a pod runs no process (it stays Running until deleted or its node goes down):
+`goodput bench kube` stands its simulated agents in for thousands of pods.
 """
 
 import argparse
@@ -72,7 +75,7 @@ from kube_objects import now_rfc3339, status  # noqa: E402
 
 
 class Cluster:
-    def __init__(self, fixtures, state_dir, nodes):
+    def __init__(self, fixtures, state_dir, nodes, cheap_pods=False):
         def load(name):
             with open(os.path.join(fixtures, name)) as f:
                 return yaml.safe_load(f) if name.endswith(".yaml") else json.load(f)
@@ -85,6 +88,7 @@ class Cluster:
         pull = load("ih-pod-imagepullbackoff.yaml")["status"]["containerStatuses"][0]["state"]["waiting"]
         self.fx_pull_reason = pull["reason"]
         self.state_dir = state_dir
+        self.cheap_pods = cheap_pods  # pods run no process (a benchmark's simulated agents stand in)
         self.pod_kubeconfig = os.path.join(state_dir, "pod-kubeconfig")
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
@@ -103,7 +107,8 @@ class Cluster:
         self.requests = []
         self.faults = []  # {"count", "code", "method", "path", "retry_after"}
         for i in range(nodes):
-            name = f"node-{chr(ord('a') + i)}"
+            name = f"node-{chr(ord('a') + i)}" if i < 26 else f"node-{i}"
+            address = f"10.0.1.{10 + i}" if i < 26 else f"10.{1 + i // 65536}.{i // 256 % 256}.{i % 256}"
             self.put("nodes", "ADDED", {
                 "kind": "Node", "apiVersion": "v1",
                 "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": {"kubernetes.io/hostname": name},
@@ -112,7 +117,7 @@ class Cluster:
                 "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                            "message": "kubelet is posting ready status",
                                            "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}],
-                           "addresses": [{"type": "InternalIP", "address": f"10.0.1.{10 + i}"}]}})
+                           "addresses": [{"type": "InternalIP", "address": address}]}})
         harness.every(0.1, self.schedule)
 
     # ---- the store -------------------------------------------------------------------------------
@@ -334,11 +339,18 @@ class Cluster:
         if proc:
             harness.kill_group(proc, sig)
 
-    def fits(self, pod, node, ignore_busy=False):
+    @staticmethod
+    def usable(node):
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+        return ready and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in node["spec"].get("taints", []))
+
+    def busy_nodes(self):
+        return {p["spec"].get("nodeName") for p in self.pods.values() if p["status"]["phase"] in ("Pending", "Running")}
+
+    def fits(self, pod, node, ignore_busy=False, busy=None):
         spec = pod["spec"]
         labels = node["metadata"].get("labels", {})
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
-        if not ready or any(t.get("effect") in ("NoSchedule", "NoExecute") for t in node["spec"].get("taints", [])):
+        if not self.usable(node):
             return False
         if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
             return False
@@ -351,19 +363,25 @@ class Cluster:
                     return False
                 if e["operator"] == "In" and value not in e["values"]:
                     return False
-        busy = any(p["spec"].get("nodeName") == node["metadata"]["name"] and p["status"]["phase"] in ("Pending", "Running")
-                   for p in self.pods.values())
-        return ignore_busy or not busy
+        if ignore_busy:
+            return True
+        return node["metadata"]["name"] not in (self.busy_nodes() if busy is None else busy)
 
     def schedule(self):
         with self.lock:
-            for (ns, name), pod in list(self.pods.items()):
-                if pod["status"]["phase"] != "Pending" or pod["spec"].get("nodeName"):
-                    continue
+            pending = [(key, pod) for key, pod in self.pods.items()
+                       if pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")]
+            if not pending:
+                return
+            busy = self.busy_nodes()  # kept up to date as pods are placed (one pod per node)
+            free = [n for n in self.nodes.values() if n["metadata"]["name"] not in busy and self.usable(n)]
+            for (ns, name), pod in pending:
                 image = pod["spec"]["containers"][0].get("image", "")
                 if self.unmountable(ns, pod):
                     continue
-                node = next((n for n in self.nodes.values() if self.fits(pod, n)), None)
+                node = next((n for n in free if n["metadata"]["name"] not in busy and self.fits(pod, n, busy=busy)), None)
+                if node is not None:
+                    busy.add(node["metadata"]["name"])
                 if node is None:
                     # As the scheduler says it: a PodScheduled=False condition, once.
                     if not any(c["type"] == "PodScheduled" for c in pod["status"].get("conditions", [])):
@@ -502,10 +520,11 @@ class Cluster:
         workdir = os.path.join(self.state_dir, name)
         if c.get("workingDir") and os.path.isdir(self.rewrite(c["workingDir"], mounts)):
             workdir = self.rewrite(c["workingDir"], mounts)
-        with self.lock:  # re-entrant: its end is written only once it is known as this pod's process
-            proc = harness.spawn(argv, workdir, env, os.path.join(workdir, "container.log"),
-                                 lambda p, rc: self.exited(ns, name, p, rc))
-            self.procs[(ns, name)] = proc
+        if not self.cheap_pods:
+            with self.lock:  # re-entrant: its end is written only once it is known as this pod's process
+                proc = harness.spawn(argv, workdir, env, os.path.join(workdir, "container.log"),
+                                     lambda p, rc: self.exited(ns, name, p, rc))
+                self.procs[(ns, name)] = proc
         pod["status"].update({"phase": "Running", "startTime": now_rfc3339(), "podIP": pod["status"]["hostIP"]})
         pod["status"]["containerStatuses"] = [{"name": c["name"], "image": c.get("image", ""), "ready": True,
                                                "restartCount": 0, "started": True,
@@ -557,8 +576,8 @@ class Cluster:
             else:  # the kubelet's own Ready=False condition
                 node["status"]["conditions"] = [copy.deepcopy(self.fx_ready_false)]
             self.put("nodes", "MODIFIED", node)
-            for (ns, pname), pod in list(self.pods.items()):
-                if pod["spec"].get("nodeName") == name:
+            for (ns, pname) in list(self.procs):
+                if self.pods.get((ns, pname), {}).get("spec", {}).get("nodeName") == name:
                     self.kill(ns, pname)  # the machine is gone; the API still says Running
             return True
 
@@ -588,6 +607,7 @@ class Handler(harness.Handler):
                           and url.path.startswith(f.get("path", "/api/"))), None)
             if fault:
                 fault["count"] -= 1
+                c.requests[-1]["fault"] = int(fault["code"])  # what it was answered
         if fault:
             code = int(fault["code"])
             data = json.dumps(status(code, "TooManyRequests" if code == 429 else "InternalError",
@@ -887,10 +907,18 @@ class Handler(harness.Handler):
         if method == "GET" and what == "requests":
             with c.lock:
                 return self.reply(200, c.requests)
+        if method == "GET" and what == "request-counts":  # requests by method, and the faults answered
+            with c.lock:
+                counts = {"faults": sum(1 for r in c.requests if "fault" in r)}
+                for r in c.requests:
+                    counts[r["method"]] = counts.get(r["method"], 0) + 1
+                return self.reply(200, counts)
         if method == "POST" and what == "oom":
             return self.reply(200 if c.oom(body.get("namespace", "default"), body["pod"]) else 404, {"ok": True})
         if method == "POST" and what == "node-down":
-            return self.reply(200 if c.node_down(body["node"], body.get("form", "unknown")) else 404, {"ok": True})
+            names = body["nodes"] if "nodes" in body else [body["node"]]  # a zone: many at once
+            found = [c.node_down(n, body.get("form", "unknown")) for n in names]
+            return self.reply(200 if all(found) else 404, {"ok": True})
         if method == "POST" and what == "faults":
             with c.lock:
                 c.faults.append(body)
@@ -917,12 +945,14 @@ def main():
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--cheap-pods", action="store_true",
+                    help="pods run no process: a benchmark's simulated agents stand in for them")
     ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key)")
     ap.add_argument("--tls-key")
     ap.add_argument("--client-ca", help="with --tls-cert: require client certificates this PEM vouches for")
     a = ap.parse_args()
     os.makedirs(a.state_dir, exist_ok=True)
-    Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes)
+    Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes, a.cheap_pods)
     ctx = None
     if a.tls_cert:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
