@@ -2,6 +2,13 @@
 // loopback, from one process (one connection each, kept alive). Prints heartbeat latency (p50,
 // p99, max), errors, the master's CPU and RSS, and whether any heartbeat was taken for a failure.
 // Baseline in the same run: the same load against a no-op server on the same HTTP stack.
+//
+// With --fail N, a mass failure: N agents fall silent at once (their machines gone with a zone),
+// the master notices them by the heartbeat timeout and relaunches each slot; N replacement agents
+// register as soon as it has noticed them all (machines that come at once: what a cluster makes
+// them wait is the Kubernetes and Ray backends' part), and the world restarts. Printed: the time to
+// notice, to re-form and train again, the master's CPU meanwhile, the events it logged, and the
+// latency of the surviving agents' heartbeats through it all.
 #include "cli/bench_api.h"
 
 #include <signal.h>
@@ -10,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
@@ -22,151 +30,92 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "cli/sim_agent.h"
 #include "net/http.h"
 
 namespace goodput {
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
+using namespace goodput::bench;
 namespace fs = std::filesystem;
-using tcp = asio::ip::tcp;
-using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
-struct LoadResult {
-  std::vector<double> latency_ms;
-  int64_t errors = 0;
-  int64_t requests = 0;
+
+// How a mass failure went, as seen from /status (polled every 100 ms).
+struct FailureTimes {
+  Clock::time_point silent, noticed, reformed;  // reformed: training again with every slot held
+  bool was_noticed = false, was_reformed = false;
+  int64_t events_before = 0, events_after = 0;
+  double cpu_before = 0, cpu_after = 0;
 };
 
-// One simulated agent: register once, then heartbeat a training trainer's status every period.
-class SimAgent : public std::enable_shared_from_this<SimAgent> {
- public:
-  SimAgent(asio::io_context& io, tcp::endpoint ep, std::string token, int index, Clock::duration period,
-           Clock::time_point until, LoadResult& out)
-      : stream_(io), timer_(io), ep_(ep), token_(std::move(token)), index_(index), period_(period), until_(until),
-        out_(out) {}
-
-  void start(Clock::duration delay) {
-    timer_.expires_after(delay);
-    timer_.async_wait([self = shared_from_this()](beast::error_code) {
-      self->stream_.async_connect(self->ep_, [self](beast::error_code ec) {
-        if (ec) return self->fail();
-        self->send("/v1/register", json{{"name", "sim-" + std::to_string(self->index_)}});
-      });
-    });
-  }
-
- private:
-  void send(const std::string& target, const json& body) {
-    req_ = {http::verb::post, target, 11};
-    req_.set(http::field::host, "bench");
-    req_.set(http::field::authorization, "Bearer " + token_);
-    req_.keep_alive(true);
-    req_.body() = body.dump();
-    req_.prepare_payload();
-    res_ = {};
-    sent_ = Clock::now();
-    http::async_write(stream_, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->fail();
-      http::async_read(self->stream_, self->buf_, self->res_, [self](beast::error_code ec, size_t) {
-        if (ec) return self->fail();
-        self->on_response();
-      });
-    });
-  }
-
-  void on_response() {
-    const bool registered = node_ >= 0;
-    ++out_.requests;
-    if (res_.result_int() != 200) ++out_.errors;
-    try {
-      const json a = json::parse(res_.body());
-      if (!registered) node_ = a.value("node", -1);
-      if (a.value("action", "") == "run") restart_ = a.value("restart", 0);
-    } catch (const std::exception&) {
-      ++out_.errors;
-    }
-    if (registered)
-      out_.latency_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - sent_).count());
-    if (Clock::now() >= until_) return;
-    timer_.expires_after(registered ? period_ : std::chrono::milliseconds(index_ % 1000));
-    timer_.async_wait([self = shared_from_this()](beast::error_code) { self->beat(); });
-  }
-
-  void beat() {
-    ++step_;
-    json trainer{{"restart", restart_},
-                 {"phase", restart_ < 0 ? "none" : "training"},
-                 {"step", step_},
-                 {"progress_age_ms", 5},
-                 {"saves", 0},
-                 {"save_blocking_ns", 0},
-                 {"saved_step", -1},
-                 {"storage_steps", json::array()}};
-    if (restart_ >= 0) trainer["loaded"] = {{"step", 0}, {"tier", "none"}, {"ns", 0}};
-    send("/v1/heartbeat", json{{"node", node_}, {"trainer", trainer}});
-  }
-
-  void fail() { ++out_.errors; }
-
-  beast::tcp_stream stream_;
-  asio::steady_timer timer_;
-  tcp::endpoint ep_;
-  std::string token_;
-  int index_;
-  Clock::duration period_;
-  Clock::time_point until_;
-  LoadResult& out_;
-  beast::flat_buffer buf_;
-  http::request<http::string_body> req_;
-  http::response<http::string_body> res_;
-  Clock::time_point sent_;
-  int node_ = -1;
-  int restart_ = -1;
-  int64_t step_ = 0;
-};
-
-LoadResult drive(uint16_t port, const std::string& token, int agents, double seconds) {
+// Agents at 1 heartbeat/s for `seconds`. fail > 0: the first `fail` of them fall silent at
+// `fail_at`, and as many replacements register once the master's /status counts them all failed.
+LoadResult drive(uint16_t port, const std::string& token, int agents, double seconds, int fail = 0,
+                 double fail_at = 0, pid_t master = 0, FailureTimes* times = nullptr) {
   asio::io_context io;
   LoadResult out;
-  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  const auto started = Clock::now();
+  const auto until = started + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  const auto silent_at = started + std::chrono::milliseconds(static_cast<int64_t>(fail_at * 1000));
   const tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), port);
   for (int i = 0; i < agents; ++i)
-    std::make_shared<SimAgent>(io, ep, token, i, std::chrono::seconds(1), until, out)
+    std::make_shared<SimAgent>(io, ep, token, "sim-" + std::to_string(i), i, std::chrono::seconds(1), started, until, out,
+                               i < fail ? silent_at : Clock::time_point::max())
         ->start(std::chrono::microseconds(static_cast<int64_t>(1e6 * i / agents)));
+  std::thread watch;
+  std::atomic<bool> done{false};
+  if (fail > 0 && times) {
+    watch = std::thread([&] {
+      const net::Url url = net::Url::parse("http://127.0.0.1:" + std::to_string(port));
+      auto status = [&] {
+        auto r = net::http_call(url, "GET", "/status?nodes=0", "", "", 5000);
+        return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
+      };
+      std::this_thread::sleep_until(silent_at);
+      times->silent = Clock::now();
+      times->cpu_before = master ? cpu_rss(master).first : 0;
+      const json s0 = status();
+      const int failures0 = s0.is_object() ? s0.value("failures", 0) : 0;
+      const int restarts0 = s0.is_object() ? s0.value("restart", 0) : 0;
+      times->events_before = s0.is_object() ? s0.value("events", int64_t{0}) : 0;
+      while (!done && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const json s = status();
+        if (!s.is_object()) continue;
+        if (!times->was_noticed && s.value("failures", 0) - failures0 >= fail) {
+          times->was_noticed = true;
+          times->noticed = Clock::now();
+          asio::post(io, [&, now = Clock::now()] {  // the replacements' machines are there at once
+            for (int i = 0; i < fail; ++i)
+              std::make_shared<SimAgent>(io, ep, token, "sim-" + std::to_string(i) + "-b", agents + i, std::chrono::seconds(1),
+                                         started, until, out)
+                  ->start(std::chrono::microseconds(static_cast<int64_t>(1e5 * i / fail)));
+            (void)now;
+          });
+        }
+        if (times->was_noticed && s.value("restart", 0) > restarts0 && s.value("phase", "") == "training" &&
+            s.value("nodes_training", 0) == agents) {
+          times->was_reformed = true;
+          times->reformed = Clock::now();
+          times->events_after = s.value("events", int64_t{0});
+          times->cpu_after = master ? cpu_rss(master).first : 0;
+          return;
+        }
+      }
+    });
+  }
   io.run_for(std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000) + 5000));
+  done = true;
+  if (watch.joinable()) watch.join();
   return out;
 }
 
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-void print(const char* what, const LoadResult& r) {
-  std::printf("%-22s %8lld heartbeats  p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms  errors %lld\n", what,
-              static_cast<long long>(r.latency_ms.size()), pct(r.latency_ms, 0.5), pct(r.latency_ms, 0.99),
-              pct(r.latency_ms, 1.0), static_cast<long long>(r.errors));
-}
-
-// utime+stime in seconds, and VmRSS in MiB, of a process.
-std::pair<double, double> cpu_rss(pid_t pid) {
-  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
-  std::istringstream rest(s.substr(s.rfind(')') + 2));
-  std::string f;
-  double cpu = 0;
-  for (int i = 3; i <= 15 && rest >> f; ++i)
-    if (i == 14 || i == 15) cpu += std::stod(f) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  double rss = 0;
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmRSS:", 0) == 0) rss = std::stod(line.substr(6)) / 1024;
-  return {cpu, rss};
+// The heartbeats sent from `from` seconds on: the steady state, once the world has formed.
+std::vector<double> since(const LoadResult& r, double from) {
+  std::vector<double> out;
+  for (size_t i = 0; i < r.latency_ms.size(); ++i)
+    if (r.sent_s[i] >= from) out.push_back(r.latency_ms[i]);
+  return out;
 }
 
 }  // namespace
@@ -214,7 +163,7 @@ int run_api_bench(const ApiBenchOptions& o) {
     const LoadResult base = drive(echo.port(), token, o.agents, std::min(o.seconds, 10.0));
     io.stop();
     t.join();
-    print("no-op server", base);
+    print("no-op server", base.latency_ms, base.errors);
   }
 
   const fs::path dir = fs::temp_directory_path() / ("goodput-bench-api-" + std::to_string(::getpid()));
@@ -222,7 +171,7 @@ int run_api_bench(const ApiBenchOptions& o) {
   {
     std::ofstream spec(dir / "job.json");
     spec << json{{"job", "bench"},           {"nodes", o.agents},           {"command", {"true"}},
-                 {"total_steps", 1'000'000}, {"heartbeat_interval", "1s"}, {"heartbeat_timeout", "10s"},
+                 {"total_steps", 1'000'000}, {"heartbeat_interval", "1s"}, {"heartbeat_timeout", o.fail > 0 ? "3s" : "10s"},
                  {"hang_timeout", "60s"}}
                 .dump();
   }
@@ -236,21 +185,51 @@ int run_api_bench(const ApiBenchOptions& o) {
   const uint16_t port = static_cast<uint16_t>(std::stoi(net::Url::parse(url).port));
   const auto [cpu0, rss0] = cpu_rss(master);
   const auto t0 = Clock::now();
-  const LoadResult r = drive(port, token, o.agents, o.seconds);
+  FailureTimes ft;
+  const double fail_at = std::min(15.0, o.seconds / 3);
+  const LoadResult r = drive(port, token, o.agents, o.seconds, std::min(o.fail, o.agents), fail_at, master, &ft);
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto [cpu1, rss1] = cpu_rss(master);
-  print("goodput master", r);
+  print("goodput master", r.latency_ms, r.errors);
+  // The first seconds are the world forming: every agent registers, the join of each is logged and
+  // the first restart starts them all. After that, the load is heartbeats of a training world.
+  const double settle = std::min(10.0, o.seconds / 3);
+  char label[64];
+  std::snprintf(label, sizeof label, "  of which after %.0f s", settle);
+  print(label, since(r, settle), 0);
+  bool failed_ok = true;
+  if (o.fail > 0) {
+    auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    const double silent_s = fail_at;
+    if (!ft.was_noticed || !ft.was_reformed) {
+      std::printf("mass failure of %d agents: %s within the run (make --seconds longer)\n", o.fail,
+                  ft.was_noticed ? "noticed but the world did not re-form" : "not noticed");
+      failed_ok = false;
+    } else {
+      std::vector<double> during;
+      const double reformed_s = silent_s + secs(ft.silent, ft.reformed);
+      for (size_t i = 0; i < r.latency_ms.size(); ++i)
+        if (r.sent_s[i] >= silent_s && r.sent_s[i] <= reformed_s) during.push_back(r.latency_ms[i]);
+      std::printf("mass failure of %d agents: all noticed %.2f s after they fell silent (heartbeat timeout 3 s), the world "
+                  "training again %.2f s after that (%d replacements registered, restart, every rank training)\n",
+                  o.fail, secs(ft.silent, ft.noticed), secs(ft.noticed, ft.reformed), o.fail);
+      std::printf("  master: %.2f CPU s from the silence to training again, %lld events logged\n", ft.cpu_after - ft.cpu_before,
+                  static_cast<long long>(ft.events_after - ft.events_before));
+      print("  heartbeats meanwhile", during, 0);
+    }
+  }
   json status;
   if (auto s = net::http_call(net::Url::parse(url), "GET", "/status", "", "", 5000)) status = json::parse(s->body);
   std::printf("master: %.2f CPU s over %.1f s (%.0f%% of a core), RSS %.1f MiB (%.1f at start)\n", cpu1 - cpu0, wall,
               100 * (cpu1 - cpu0) / wall, rss1, rss0);
-  std::printf("job: phase %s, %d failures observed (must be 0), %lld events logged\n",
+  std::printf("job: phase %s, %d failures observed (must be %d), %lld events logged\n",
               status.value("phase", std::string("?")).c_str(), status.value("failures", -1),
-              static_cast<long long>(status.value("events", 0)));
+              o.fail > 0 ? std::min(o.fail, o.agents) : 0, static_cast<long long>(status.value("events", 0)));
   ::kill(master, SIGKILL);
   ::waitpid(master, nullptr, 0);
   fs::remove_all(dir);
-  return status.value("failures", -1) == 0 && r.errors == 0 ? 0 : 1;
+  const int expected_failures = o.fail > 0 ? std::min(o.fail, o.agents) : 0;
+  return status.value("failures", -1) == expected_failures && failed_ok && r.errors <= expected_failures ? 0 : 1;
 }
 
 }  // namespace goodput

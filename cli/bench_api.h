@@ -8,6 +8,9 @@ namespace goodput {
 struct ApiBenchOptions {
   int agents = 2000;
   double seconds = 60;
+  // A mass failure: this many agents fall silent at once (a zone lost) a third of the way in, and
+  // as many replacements register once the master has noticed them all (0: none).
+  int fail = 0;
 };
 
 // `goodput bench api`: simulated agents against a real master; returns an exit code.

@@ -207,6 +207,20 @@ TEST_CASE("a job spec's Kubernetes backend is checked field by field") {
   CHECK(error_of(R"({"type":"kubernetes","image":"i","pending_timeout":"0s"})") ==
         "field 'backend.pending_timeout' must be positive");
   CHECK(error_of(R"({"type":"kubernetes","image":"i","memory_mb":512,"gpus":1,"pending_timeout":"5m"})") == "no error");
+  // How hard it may press the API server.
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","api_qps":0})").find("backend.api_qps") != std::string::npos);
+  CHECK(error_of(R"({"type":"kubernetes","image":"i","api_concurrency":1000})").find("backend.api_concurrency") !=
+        std::string::npos);
+  const live::JobSpec limited = live::job_spec_from_json(
+      json::parse(R"({"job":"j","command":["x"],"total_steps":10,"backend":{"type":"kubernetes","image":"i",)"
+                  R"("api_qps":100,"api_burst":200,"api_concurrency":16}})"),
+      "", ".");
+  CHECK(limited.kube.api.qps == 100);
+  CHECK(limited.kube.api.burst == 200);
+  CHECK(limited.kube.api.concurrency == 16);
+  CHECK(live::job_spec_from_json(json::parse(R"({"job":"j","command":["x"],"total_steps":10,"backend":{"type":"kubernetes","image":"i"}})"),
+                                 "", ".")
+            .kube.api.qps == 20);  // kube-controller-manager's default
 }
 
 TEST_CASE("the shipped Kubernetes job spec and the deployment's ConfigMap are valid job specs") {

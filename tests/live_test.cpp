@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "net/http.h"
+#include "backends/live/agreement.h"
 #include "backends/live/job_spec.h"
 #include "backends/live/live_master.h"
 #include "engine/json_reader.h"
@@ -469,4 +470,39 @@ TEST_CASE("a zone of 100 of 200 nodes lost in one tick: logged and committed at 
   h.new_master(spec);
   for (int s = 0; s < kNodes; ++s) CHECK(h.master->world().at(s) == node[s]);
   CHECK(h.master->state().restart_jobs() == 2);
+}
+
+TEST_CASE("a sweep over the ranks: resumes where it stopped, yet a rank that fell back is never missed") {
+  std::vector<live::Node> nodes(6);
+  live::Ranks w;
+  for (auto& n : nodes) w.push_back(&n);
+  int asked = 0;
+  auto started = [&](const live::Trainer& t) {
+    ++asked;
+    return t.phase == "training";
+  };
+  live::Sweep sweep;
+  const live::Sweep::Context ctx{1, 0, 0, 0};
+  // One report at a time: each question looks at the rank it stopped at, not the whole world again.
+  for (size_t i = 0; i + 1 < nodes.size(); ++i) {
+    nodes[i].trainer.phase = "training";
+    asked = 0;
+    CHECK_FALSE(sweep.all(w, ctx, started));
+    CHECK(asked == 2);  // the one that just moved, and the next, still behind
+  }
+  // The last one: a yes, confirmed over the whole world.
+  nodes.back().trainer.phase = "training";
+  asked = 0;
+  CHECK(sweep.all(w, ctx, started));
+  CHECK(asked == 1 + 6);
+  // A rank passed earlier falls back (its process exited): the confirmation finds it.
+  nodes[1].trainer.phase = "exited";
+  CHECK_FALSE(sweep.all(w, ctx, started));
+  nodes[1].trainer.phase = "training";
+  CHECK(sweep.all(w, ctx, started));
+  // Another question (a new restart, a changed world) starts from the first rank.
+  nodes[0].trainer.phase = "starting";
+  asked = 0;
+  CHECK_FALSE(sweep.all(w, {2, 0, 0, 0}, started));
+  CHECK(asked == 1);
 }
