@@ -88,6 +88,13 @@ std::optional<std::string> node_trouble(const json& node) {
   return std::nullopt;
 }
 
+static bool scheduler_keeps_off(const json& node) {
+  if (field(node, "spec").value("unschedulable", false)) return true;  // cordoned
+  for (const json& t : list(field(node, "spec"), "taints"))
+    if (const std::string effect = str(t, "effect"); effect == "NoSchedule" || effect == "NoExecute") return true;
+  return false;
+}
+
 std::optional<std::string> unschedulable(const json& pod) {
   for (const json& c : list(field(pod, "status"), "conditions"))
     if (str(c, "type") == "PodScheduled" && str(c, "status") == "False")
@@ -306,6 +313,8 @@ void KubeNodes::on_node(const std::string& type, const json& node) {
   const std::string name = str(field(node, "metadata"), "name");
   const auto trouble = type == "DELETED" ? std::optional<std::string>("node deleted") : node_trouble(node);
   std::lock_guard lock(mu_);
+  if (type != "DELETED" && scheduler_keeps_off(node)) kept_off_.insert(name);
+  else kept_off_.erase(name);
   if (const auto it = node_status_.find(name); it != node_status_.end() && it->second != trouble.value_or("Ready")) {
     it->second = trouble.value_or("Ready");  // only nodes our pods ran on: a big cluster's others are not ours to log
     status_changed("node", name, it->second);
@@ -386,8 +395,12 @@ bool KubeNodes::carry_out(const Command& c) {
         std::lock_guard lock(mu_);
         KubeNodesOptions shape = o_;
         shape.replicas = groups_;
-        std::set<std::string> avoid = bad_nodes_;
-        avoid.insert(excluded_.begin(), excluded_.end());
+        // A node the scheduler keeps pods off by itself (tainted, cordoned) needs no NotIn: after a
+        // zone is lost, a thousand names in every new pod would only make it heavier.
+        std::set<std::string> avoid;
+        for (const std::set<std::string>* s : {&bad_nodes_, &excluded_})
+          for (const std::string& n : *s)
+            if (!kept_off_.count(n)) avoid.insert(n);
         pod = manifest_for(shape, c.name, c.slot, c.memory_permille, avoid);
       }
       client_.call("POST", "/api/v1/namespaces/" + ns_ + "/pods", pod);

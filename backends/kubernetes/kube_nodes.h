@@ -8,7 +8,8 @@
 //    InvalidImageName, CreateContainerConfigError) is a configuration error: the job fails with it;
 //  - a node that turns Ready=False/Unknown, gets an unreachable/not-ready taint, or a
 //    DisruptionTarget condition loses its pods at once (long before the 300 s toleration would
-//    evict them), and new pods keep off it (required node affinity NotIn).
+//    evict them), and new pods keep off it (required node affinity NotIn, unless the cluster keeps
+//    pods off it by itself: a NoSchedule/NoExecute taint, a cordon).
 // Pods and nodes are listed, then watched from that resourceVersion with bookmarks; a dropped
 // stream resumes from the last version seen, a 410 Expired re-lists, and each pod is reported at
 // most once, so no failure is missed and none is acted on twice. Creating and deleting pods runs
@@ -96,6 +97,7 @@ class KubeNodes final : public live::ClusterNodes<KubePod> {
   std::string ns_;
   std::string selector_;
   std::set<std::string> bad_nodes_;  // nodes Kubernetes reports in trouble (until it reports them well)
+  std::set<std::string> kept_off_;   // nodes the scheduler places nothing on now (tainted, cordoned)
   std::map<std::string, std::string> node_status_;  // nodes that hosted our pods -> status as last logged
   int counter_ = 0;
   std::vector<std::thread> threads_;  // the watches of pods and nodes
