@@ -217,7 +217,8 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
   };
 
   // The world forms.
-  const auto form_by = Clock::now() + std::chrono::seconds(std::max(60, o.nodes / 10));
+  // Its pods go out at the limits' pace: time for that, and a minute for the rest.
+  const auto form_by = Clock::now() + std::chrono::seconds(60 + static_cast<int64_t>(1.5 * o.nodes / limits.qps));
   int restarts0 = -1;
   while (Clock::now() < form_by) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

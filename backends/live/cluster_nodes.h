@@ -26,7 +26,9 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -57,7 +59,7 @@ class ClusterNodes : public NodeProvider {
       it->second.stopping = true;
       queue_.push_back({{Command::Delete, name, 0, -1}});
     }
-    cv_.notify_all();
+    work_cv_.notify_one();
   }
   std::vector<LostNode> lost() final {
     std::lock_guard lock(mu_);
@@ -98,7 +100,7 @@ class ClusterNodes : public NodeProvider {
         m.stopping = true;
         queue_.push_back({{Command::Delete, name, 0, -1}});
       }
-    cv_.notify_all();
+    work_cv_.notify_all();
     cv_.wait_until(lock, std::chrono::steady_clock::now() + std::chrono::seconds(10), [&] { return queue_.empty(); });
   }
 
@@ -130,6 +132,7 @@ class ClusterNodes : public NodeProvider {
   void stop_worker() {
     quit_ = true;
     cv_.notify_all();
+    work_cv_.notify_all();
     for (std::thread& t : workers_)
       if (t.joinable()) t.join();
     workers_.clear();
@@ -151,7 +154,7 @@ class ClusterNodes : public NodeProvider {
   // ---- for the provider, under mu_
   void queue(Command c) {
     queue_.push_back({std::move(c)});
-    cv_.notify_all();
+    work_cv_.notify_one();
   }
   // The node is lost, and why: told the master once, unless the master stopped it itself.
   void report(const std::string& name, Member& m, std::string reason, bool fatal) {
@@ -164,7 +167,8 @@ class ClusterNodes : public NodeProvider {
   }
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;       // the providers' own waits (quit, nodes ended, the queue empty)
+  std::condition_variable work_cv_;  // the workers': a command to carry out, one woken at a time
   std::map<std::string, Member> members_;
   std::vector<ReplicaGroup> groups_;  // as set_layout() last said
   std::set<std::string> excluded_;    // machines the master found bad (hardware error, failed check): for good
@@ -186,7 +190,7 @@ class ClusterNodes : public NodeProvider {
           on_start();
           std::lock_guard lock(mu_);
           started_ = true;
-          cv_.notify_all();
+          work_cv_.notify_all();
         }
         run(worker);
       } catch (const std::exception& e) {
@@ -202,7 +206,7 @@ class ClusterNodes : public NodeProvider {
   // for; deleting a lost node's remains and relabelling can wait), else in the order queued.
   // `wake`: when one may be ready (a retry's time).
   typename std::list<Queued>::iterator next_command(SteadyClock::time_point now, SteadyClock::time_point& wake) {
-    std::set<std::string> earlier;
+    std::unordered_set<std::string_view> earlier;  // views of the queue's own names: nothing copied
     auto pick = queue_.end();
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       const std::string& name = it->command.name;
@@ -237,13 +241,14 @@ class ClusterNodes : public NodeProvider {
                 it->in_flight = true;
                 picked = it;
                 c = it->command;
+                work_cv_.notify_one();  // another worker for what may remain
                 break;
               } else {
                 wake = std::min(wake, now + wait);  // the rate limit: the next token
               }
             }
           }
-          cv_.wait_until(lock, wake);
+          work_cv_.wait_until(lock, wake);
         }
       }
       if (!c) {
@@ -259,7 +264,8 @@ class ClusterNodes : public NodeProvider {
         picked->in_flight = false;
         picked->not_before = SteadyClock::now() + std::chrono::seconds(1);
       }
-      cv_.notify_all();
+      work_cv_.notify_one();  // a command of the same node may go now
+      cv_.notify_all();       // shut_down() waits for the queue to empty
     }
   }
 
