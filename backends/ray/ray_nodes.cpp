@@ -84,19 +84,22 @@ void RayNodes::end(RayJobNode& t, std::string reason, bool fatal) {
   report(t.name, t, std::move(reason), fatal);
 }
 
-std::string RayNodes::pinned_node_ip() const {
-  if (excluded_.empty()) return "";
-  // Spread over the alive nodes not excluded: workers before the head, fewest of this run's nodes first.
+std::pair<std::string, std::string> RayNodes::pinned_node() const {
+  if (excluded_.empty()) return {};
+  // Spread over the alive nodes not excluded: workers before the head, fewest of this run's nodes
+  // first, counting where they run or, until a poll says so, where they were pinned (submissions
+  // made between two polls, several at a time, must not all pick the same node).
   std::map<std::string, int> ours;
   for (const auto& [name, t] : members_)
-    if (!t.ended && !t.machine.empty()) ++ours[t.machine];
+    if (!t.ended && (!t.machine.empty() || !t.pinned.empty())) ++ours[t.machine.empty() ? t.pinned : t.machine];
   const RayNode* best = nullptr;
   auto key = [&](const RayNode& n) { return std::make_tuple(n.is_head_node, ours[n.node_id], n.node_ip); };
   for (const RayNode& n : cluster_)
     if (n.state == "ALIVE" && !excluded_.count(n.node_id) && !n.node_ip.empty() && (!best || key(n) < key(*best)))
       best = &n;
   if (!best) std::cerr << "goodput: ray: every alive Ray node is excluded; submitting without a pin\n";
-  return best ? best->node_ip : "";
+  if (!best) return {};
+  return {best->node_ip, best->node_id};
 }
 
 bool RayNodes::carry_out(const Command& c) {
@@ -107,7 +110,10 @@ bool RayNodes::carry_out(const Command& c) {
       {
         std::lock_guard lock(mu_);
         r = request_for(members_.at(c.name));
-        if (const std::string ip = pinned_node_ip(); !ip.empty()) r.resources["node:" + ip] = 0.001;
+        if (const auto [ip, id] = pinned_node(); !ip.empty()) {
+          r.resources["node:" + ip] = 0.001;
+          members_.at(c.name).pinned = id;
+        }
       }
       client_.submit(r);
       std::lock_guard lock(mu_);

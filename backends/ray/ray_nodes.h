@@ -28,6 +28,7 @@ namespace goodput::ray {
 struct RayJobNode : live::ClusterMember {
   std::string name;
   bool submitted = false;
+  std::string pinned;  // the Ray node id it was pinned to (machines excluded), until Ray says where it runs
   std::chrono::steady_clock::time_point pending_since{};
 };
 
@@ -65,7 +66,9 @@ class RayNodes final : public live::ClusterNodes<RayJobNode> {
   void adopt();
   void poll();
   SubmitRequest request_for(const RayJobNode& t) const;
-  std::string pinned_node_ip() const;  // with machines excluded: an alive node to pin a submission to
+  // With machines excluded: an alive node to pin a submission to (its IP and id), the one with the
+  // fewest of this run's nodes, counting those pinned there and not placed yet.
+  std::pair<std::string, std::string> pinned_node() const;
   void end(RayJobNode& t, std::string reason, bool fatal = false);  // its job is over: a loss unless stopped
 
   RayNodesOptions o_;
