@@ -1,17 +1,19 @@
-// `goodput bench kube`: a zone lost under a big job on Kubernetes. No API server can run here, so
-// the cluster is the Kubernetes API emulator (tests/emulators/kube/kube_emulator.py, the wire
-// format of shared/data/k8s/) in its cheap-pods mode: a pod runs no process, and its node agent is
-// one of this process's simulated agents (cli/sim_agent.h), started when the pod turns Running and
-// registering for the slot its pod was made for. The master is a real `goodput run` with the
-// Kubernetes backend.
+// `goodput bench kube` and `goodput bench ray`: a zone lost under a big job. No API server or Ray
+// cluster can run here, so the cluster is an emulator that speaks the wire format of
+// shared/data/k8s/ (tests/emulators/kube/kube_emulator.py) or shared/data/ray/
+// (tests/emulators/ray/ray_emulator.py), in its cheap mode: a pod or a Ray job runs no process,
+// and its node agent is one of this process's simulated agents (cli/sim_agent.h), started when the
+// pod turns Running (the job RUNNING) and registering for the slot it was made for. The master is
+// a real `goodput run` with the Kubernetes or the Ray backend.
 //
-// Once the world trains, the nodes under `lose` of its pods go NotReady at once (the node lifecycle
-// controller's conditions and taints, from the fixtures) and those pods' agents fall silent. Printed:
-// the time from the NotReady to every replacement pod created and to the world training again, the
-// pod-create rate the API server saw, API errors, the master's CPU, and the same with client-go's
-// default limits (5 QPS, burst 10, one call at a time) as the baseline. Exit status 1 unless every
-// lost slot got exactly one new pod, every failure was observed once and the log holds it all.
-#include "cli/bench_kube.h"
+// Once the world trains, the machines under `lose` of its nodes fail at once (Kubernetes: NotReady
+// with the node lifecycle controller's conditions and taints, from the fixtures; Ray: DEAD, its jobs
+// FAILED as Ray says it) and those nodes' agents fall silent. Printed: the time from the failure to
+// every replacement created and to the world training again, the create rate the cluster saw, API
+// errors, the master's CPU, and the same with client-go's default limits (5 QPS, burst 10, one call
+// at a time) as the baseline. Exit status 1 unless every lost slot got exactly one new node, every
+// loss was observed once and the log holds it all.
+#include "cli/bench_zone.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -25,6 +27,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -40,10 +43,18 @@ namespace {
 using namespace goodput::bench;
 namespace fs = std::filesystem;
 
-// A child process with its stdout on a pipe (the emulator says where it listens there).
+// A child process with its stdout on a pipe (an emulator says where it listens there).
 struct Child {
   pid_t pid = -1;
   FILE* out = nullptr;
+  Child() = default;
+  Child(Child&& o) noexcept : pid(std::exchange(o.pid, -1)), out(std::exchange(o.out, nullptr)) {}
+  Child& operator=(Child&& o) noexcept {
+    stop();
+    pid = std::exchange(o.pid, -1);
+    out = std::exchange(o.out, nullptr);
+    return *this;
+  }
   ~Child() { stop(); }
   void stop() {
     if (pid > 0) {
@@ -84,6 +95,19 @@ Child spawn(const std::vector<std::string>& argv, const std::string& log, bool p
   return c;
 }
 
+// An emulator started with these arguments, and the URL it says it listens on.
+std::pair<Child, std::string> start_emulator(const std::string& script, std::vector<std::string> args, const fs::path& dir) {
+  const std::string python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";  // Debian's, with PyYAML
+  args.insert(args.begin(), {python, script});
+  Child c = spawn(args, (dir / "emulator.log").string(), true);
+  char buf[256] = "";
+  if (!c.out || !std::fgets(buf, sizeof buf, c.out) || std::string(buf).rfind("listening on ", 0) != 0)
+    throw std::runtime_error("the emulator did not start (" + script + "); see " + (dir / "emulator.log").string());
+  std::string url(buf + 13);
+  url.erase(url.find_last_not_of(" \r\n") + 1);
+  return {std::move(c), url};
+}
+
 std::string read_line(const std::string& path) {
   std::ifstream in(path);
   std::string line;
@@ -93,6 +117,124 @@ std::string read_line(const std::string& path) {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A node of the job as the cluster shows it: its name (the agent's), its slot, where it runs.
+struct Seen {
+  std::string name;
+  int slot = -1;
+  std::string machine;  // empty until it runs
+};
+
+// What differs between Kubernetes and Ray.
+class ZoneCluster {
+ public:
+  virtual ~ZoneCluster() = default;
+  virtual json backend(const live::ApiLimits& limits) const = 0;  // the job spec's
+  // Until `quit`, on a thread of its own: each node of the job as it appears and as it starts.
+  virtual void follow(const std::atomic<bool>& quit, const std::function<void(const Seen&)>& seen) = 0;
+  virtual void fail(const std::set<std::string>& machines) = 0;  // a zone of machines fails at once
+  virtual int64_t api_errors() = 0;                               // requests answered with an error
+  virtual void stop() = 0;
+};
+
+class KubeZone final : public ZoneCluster {
+ public:
+  KubeZone(const ZoneBenchOptions& o, int machines, const fs::path& dir) {
+    auto [child, url] = start_emulator(o.emulator, {"--fixtures", o.fixtures, "--state-dir", (dir / "cluster").string(),
+                                                    "--nodes", std::to_string(machines), "--cheap-pods"},
+                                       dir);
+    emulator_ = std::move(child);
+    kubeconfig_ = (dir / "kubeconfig").string();
+    std::ofstream(kubeconfig_) << "apiVersion: v1\nkind: Config\nclusters:\n- name: emu\n  cluster:\n    server: " << url
+                               << "\nusers:\n- name: bench\n  user:\n    token: bench\ncontexts:\n- name: emu\n  context:\n"
+                                  "    cluster: emu\n    user: bench\n    namespace: bench\ncurrent-context: emu\n";
+    client_.emplace(kube::load_kubeconfig(kubeconfig_));
+  }
+  json backend(const live::ApiLimits& l) const override {
+    return {{"type", "kubernetes"}, {"kubeconfig", kubeconfig_}, {"image", "registry.example/trainer:bench"},
+            {"api_qps", l.qps},     {"api_burst", l.burst},      {"api_concurrency", l.concurrency}};
+  }
+  void follow(const std::atomic<bool>& quit, const std::function<void(const Seen&)>& seen) override {
+    const std::string path = "/api/v1/namespaces/bench/pods";
+    auto on_pod = [&](const json& pod) {
+      const json labels = pod["metadata"].value("labels", json::object());
+      const bool running = pod["status"].value("phase", "") == "Running";
+      seen({pod["metadata"].value("name", ""), std::stoi(labels.value("goodput/rank", "-1")),
+            running ? pod["spec"].value("nodeName", "") : ""});
+    };
+    while (!quit) {
+      try {
+        auto list = client_->list(path);
+        for (const json& p : list.items) on_pod(p);
+        std::string rv = list.resource_version;
+        while (!quit && !client_->watch(path, "", rv, quit, [&](const kube::WatchEvent& e) {
+          if (e.type == "ADDED" || e.type == "MODIFIED") on_pod(e.object);
+        })) {
+        }
+      } catch (const std::exception&) {
+        if (!quit) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+  }
+  void fail(const std::set<std::string>& machines) override {
+    client_->call("POST", "/_emulator/node-down", json{{"nodes", std::vector<std::string>(machines.begin(), machines.end())}});
+  }
+  int64_t api_errors() override { return client_->call("GET", "/_emulator/request-counts").value("faults", int64_t{0}); }
+  void stop() override { emulator_.stop(); }
+
+ private:
+  Child emulator_;
+  std::string kubeconfig_;
+  std::optional<kube::KubeClient> client_;
+};
+
+class RayZone final : public ZoneCluster {
+ public:
+  RayZone(const ZoneBenchOptions& o, int machines, const fs::path& dir) {
+    auto [child, url] = start_emulator(o.emulator, {"--fixtures", o.fixtures, "--state-dir", (dir / "cluster").string(),
+                                                    "--nodes", std::to_string(machines), "--node-resources",
+                                                    R"({"goodput_node": 1})", "--cheap-jobs"},
+                                       dir);
+    emulator_ = std::move(child);
+    url_ = url;
+  }
+  json backend(const live::ApiLimits& l) const override {
+    return {{"type", "ray"},       {"address", url_},        {"num_cpus", 1},
+            {"resources", {{"goodput_node", 1}}},            {"pending_timeout", "600s"},
+            {"poll_interval", "1s"}, {"api_qps", l.qps},     {"api_burst", l.burst},
+            {"api_concurrency", l.concurrency}};
+  }
+  void follow(const std::atomic<bool>& quit, const std::function<void(const Seen&)>& seen) override {
+    const net::Url u = net::Url::parse(url_);
+    while (!quit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      const auto r = net::http_call(u, "GET", "/api/jobs/", "", "", 10000);
+      if (!r || r->status != 200) continue;
+      const json jobs = json::parse(r->body, nullptr, false);
+      if (!jobs.is_array()) continue;
+      for (const json& j : jobs) {
+        const json meta = j.value("metadata", json::object());
+        if (!meta.contains("goodput_node")) continue;
+        const bool running = j.value("status", "") == "RUNNING" && j["driver_info"].is_object();
+        seen({meta.value("goodput_node", ""), std::stoi(meta.value("goodput_rank", "-1")),
+              running ? j["driver_info"].value("node_ip_address", "") : ""});
+      }
+    }
+  }
+  void fail(const std::set<std::string>& machines) override {
+    net::http_call(net::Url::parse(url_), "POST", "/_emulator/kill-node",
+                   "", json{{"node_ips", std::vector<std::string>(machines.begin(), machines.end())}}.dump(), 30000);
+  }
+  int64_t api_errors() override {
+    const auto r = net::http_call(net::Url::parse(url_), "GET", "/_emulator/request-counts", "", "", 10000);
+    return r && r->status == 200 ? json::parse(r->body).value("faults", int64_t{0}) : 0;
+  }
+  void stop() override { emulator_.stop(); }
+
+ private:
+  Child emulator_;
+  std::string url_;
+};
+
 struct Outcome {
   bool formed = false, reformed = false, correct = true;
   double to_created = 0, to_reformed = 0, create_qps = 0, cpu = 0;
@@ -100,48 +242,27 @@ struct Outcome {
 };
 
 // One run: a cluster, a master with these API limits, the zone lost once the world trains.
-Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const std::string& label) {
+Outcome run_once(const ZoneBenchOptions& o, const live::ApiLimits& limits, const std::string& label) {
   Outcome out;
-  const fs::path dir = fs::temp_directory_path() / ("goodput-bench-kube-" + std::to_string(::getpid()) + "-" + label);
+  const fs::path dir =
+      fs::temp_directory_path() / ("goodput-bench-" + o.backend + "-" + std::to_string(::getpid()) + "-" + label);
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const int nodes = o.nodes + o.lose + 8;  // room for every replacement, and a few more
-  const std::string python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";  // Debian's, with PyYAML
-  Child emulator = spawn({python, o.emulator, "--fixtures", o.fixtures, "--state-dir", (dir / "cluster").string(),
-                          "--nodes", std::to_string(nodes), "--cheap-pods"},
-                         (dir / "emulator.log").string(), true);
-  char buf[256] = "";
-  if (!emulator.out || !std::fgets(buf, sizeof buf, emulator.out) || std::string(buf).rfind("listening on ", 0) != 0)
-    throw std::runtime_error("the Kubernetes emulator did not start (" + o.emulator + "); see " + (dir / "emulator.log").string());
-  std::string api_url(buf + 13);
-  api_url.erase(api_url.find_last_not_of(" \r\n") + 1);
-  const std::string ns = "bench";
-  {
-    std::ofstream kc(dir / "kubeconfig");
-    kc << "apiVersion: v1\nkind: Config\nclusters:\n- name: emu\n  cluster:\n    server: " << api_url
-       << "\nusers:\n- name: bench\n  user:\n    token: bench\ncontexts:\n- name: emu\n  context:\n    cluster: emu\n"
-          "    user: bench\n    namespace: " << ns << "\ncurrent-context: emu\n";
-  }
-  {
-    std::ofstream spec(dir / "job.json");
-    spec << json{{"job", "zone"},
-                 {"nodes", o.nodes},
-                 {"command", {"true"}},
-                 {"total_steps", 1'000'000'000},
-                 {"heartbeat_interval", "1s"},
-                 {"heartbeat_timeout", "60s"},  // the cluster says first: NotReady
-                 {"hang_timeout", "600s"},
-                 {"backend",
-                  {{"type", "kubernetes"},
-                   {"kubeconfig", (dir / "kubeconfig").string()},
-                   {"image", "registry.example/trainer:bench"},
-                   {"api_qps", limits.qps},
-                   {"api_burst", limits.burst},
-                   {"api_concurrency", limits.concurrency}}}}
-                .dump();
-  }
+  const int machines = o.nodes + o.lose + 8;  // room for every replacement, and a few more
+  std::unique_ptr<ZoneCluster> cluster;
+  if (o.backend == "ray") cluster = std::make_unique<RayZone>(o, machines, dir);
+  else cluster = std::make_unique<KubeZone>(o, machines, dir);
+  std::ofstream(dir / "job.json") << json{{"job", "zone"},
+                                          {"nodes", o.nodes},
+                                          {"command", {"true"}},
+                                          {"total_steps", 1'000'000'000},
+                                          {"heartbeat_interval", "1s"},
+                                          {"heartbeat_timeout", "60s"},  // the cluster says first
+                                          {"hang_timeout", "600s"},
+                                          {"backend", cluster->backend(limits)}}
+                                         .dump();
   const std::string self = fs::canonical("/proc/self/exe").string();
-  const std::string token = "bench-kube-token";
+  const std::string token = "bench-zone-token";
   Child master = spawn({self, "run", (dir / "job.json").string(), "--run-dir", (dir / "run").string(), "--quiet"},
                        (dir / "master.log").string(), false, token);
   std::string master_url;
@@ -152,9 +273,7 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
   if (master_url.empty()) throw std::runtime_error("the master did not start; see " + (dir / "master.log").string());
   const net::Url murl = net::Url::parse(master_url);
 
-  // The agents: one per Running pod, as the watch shows them.
-  kube::KubeConfig kc = kube::load_kubeconfig((dir / "kubeconfig").string());
-  kube::KubeClient client(kc);
+  // The agents: one per node of the job, once it runs.
   asio::io_context io;
   auto work = asio::make_work_guard(io);
   LoadResult load;
@@ -162,62 +281,44 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
   const auto until = started + std::chrono::hours(1);
   const tcp::endpoint ep(asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(std::stoi(murl.port)));
   std::mutex mu;
-  std::map<std::string, std::shared_ptr<SimAgent>> agents;  // by pod name
-  std::map<std::string, std::string> machine;               // pod -> node, once Running
-  std::map<std::string, std::pair<Clock::time_point, int>> seen;  // pod -> when it was first seen, its rank
+  std::map<std::string, std::shared_ptr<SimAgent>> agents;        // by node name
+  std::map<std::string, std::string> machine;                     // node -> machine, once running
+  std::map<std::string, std::pair<Clock::time_point, int>> seen;  // node -> when it was first seen, its slot
   std::atomic<bool> quit{false};
-  std::thread io_thread, watcher;
+  std::thread io_thread, follower;
   struct Finally {  // whatever happens, the threads end and the children go
     std::function<void()> f;
     ~Finally() { f(); }
   } finally{[&] {
     quit = true;
     master.stop();
-    emulator.stop();
+    cluster->stop();
     work.reset();
     io.stop();
     if (io_thread.joinable()) io_thread.join();
-    if (watcher.joinable()) watcher.join();
+    if (follower.joinable()) follower.join();
   }};
   io_thread = std::thread([&] { io.run(); });
-  watcher = std::thread([&] {
-    const std::string path = "/api/v1/namespaces/" + ns + "/pods";
-    auto on_pod = [&](const json& pod) {
-      const std::string name = pod["metadata"].value("name", "");
-      const json labels = pod["metadata"].value("labels", json::object());
+  follower = std::thread([&] {
+    cluster->follow(quit, [&](const Seen& s) {
       std::lock_guard lock(mu);
-      seen.try_emplace(name, Clock::now(), std::stoi(labels.value("goodput/rank", "-1")));
-      if (pod["status"].value("phase", "") != "Running") return;
-      machine[name] = pod["spec"].value("nodeName", "");
-      if (agents.count(name)) return;
-      const int slot = std::stoi(pod["metadata"]["labels"].value("goodput/rank", "-1"));
-      auto a = std::make_shared<SimAgent>(io, ep, token, name, static_cast<int>(agents.size()), std::chrono::seconds(1),
+      seen.try_emplace(s.name, Clock::now(), s.slot);
+      if (s.machine.empty()) return;
+      machine[s.name] = s.machine;
+      if (agents.count(s.name)) return;
+      auto a = std::make_shared<SimAgent>(io, ep, token, s.name, static_cast<int>(agents.size()), std::chrono::seconds(1),
                                           started, until, load);
-      a->for_slot(slot);
-      agents[name] = a;
+      a->for_slot(s.slot);
+      agents[s.name] = a;
       asio::post(io, [a] { a->start(std::chrono::milliseconds(0)); });
-    };
-    while (!quit) {
-      try {
-        auto list = client.list(path);
-        for (const json& p : list.items) on_pod(p);
-        std::string rv = list.resource_version;
-        while (!quit && !client.watch(path, "", rv, quit, [&](const kube::WatchEvent& e) {
-          if (e.type == "ADDED" || e.type == "MODIFIED") on_pod(e.object);
-        })) {
-        }
-      } catch (const std::exception& e) {
-        if (!quit) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      }
-    }
+    });
   });
   auto status = [&] {
     auto r = net::http_call(murl, "GET", "/status?nodes=0", "", "", 5000);
     return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
   };
 
-  // The world forms.
-  // Its pods go out at the limits' pace: time for that, and a minute for the rest.
+  // The world forms; its nodes go out at the limits' pace: time for that, and a minute for the rest.
   const auto form_by = Clock::now() + std::chrono::seconds(60 + static_cast<int64_t>(1.5 * o.nodes / limits.qps));
   int restarts0 = -1;
   while (Clock::now() < form_by) {
@@ -230,23 +331,23 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
     }
   }
   if (restarts0 < 0) {
-    std::printf("%s: the world of %d pods did not form in time; see %s\n", label.c_str(), o.nodes, dir.string().c_str());
+    std::printf("%s: the world of %d nodes did not form in time; see %s\n", label.c_str(), o.nodes, dir.string().c_str());
     out.correct = false;
     return out;
   }
   out.formed = true;
   std::this_thread::sleep_for(std::chrono::seconds(2));  // a moment of steady training
 
-  // The zone: the machines under the pods of the first `lose` slots.
+  // The zone: the machines under the nodes of the first `lose` names.
   std::set<std::string> before, zone;
   std::set<int> lost_slots;
   {
     std::lock_guard lock(mu);
     for (const auto& [name, when] : seen) before.insert(name);
     int taken = 0;
-    for (const auto& [name, node] : machine)
-      if (taken < o.lose && !node.empty()) {
-        zone.insert(node);
+    for (const auto& [name, where] : machine)
+      if (taken < o.lose) {
+        zone.insert(where);
         lost_slots.insert(seen[name].second);
         asio::post(io, [a = agents[name]] { a->silence(); });
         ++taken;
@@ -254,7 +355,7 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
   }
   const double cpu0 = cpu_rss(master.pid).first;
   const auto t0 = Clock::now();
-  client.call("POST", "/_emulator/node-down", json{{"nodes", std::vector<std::string>(zone.begin(), zone.end())}});
+  cluster->fail(zone);
   std::optional<Clock::time_point> created_at, reformed_at;
   const auto give_up = t0 + std::chrono::seconds(std::max<int64_t>(120, static_cast<int64_t>(4.0 * o.lose / limits.qps) + 60));
   while (Clock::now() < give_up && !reformed_at) {
@@ -282,13 +383,13 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
         ++fresh;
         running += machine.count(name);
       }
-    std::printf("%s: %zu new pods seen, %zu of them Running; master: %s\n", label.c_str(), fresh, running,
+    std::printf("%s: %zu new nodes seen, %zu of them running; master: %s\n", label.c_str(), fresh, running,
                 last.dump().substr(0, 600).c_str());
   }
 
-  // What the API server saw: the pods made after the NotReady (as the watch showed them), their
+  // What the cluster saw: the nodes made after the failure (as the bench saw them appear), their
   // rate, the requests it answered with an error.
-  out.api_errors = client.call("GET", "/_emulator/request-counts").value("faults", int64_t{0});
+  out.api_errors = cluster->api_errors();
   std::vector<double> create_times;
   std::multiset<int> new_slots;
   {
@@ -312,7 +413,7 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
   }
   out.events = last.value("events", int64_t{0}) - out.events;
 
-  // Correctness: one new pod per lost slot, none created twice, every loss observed once, all logged.
+  // Correctness: one new node per lost slot, every loss observed once, all of it in the log.
   const int failures = last.value("failures", -1);
   std::set<int64_t> lost_nodes;
   int64_t relaunches = 0, restarts = 0;
@@ -328,51 +429,52 @@ Outcome run_once(const KubeBenchOptions& o, const live::ApiLimits& limits, const
   };
   check(out.reformed, "the world did not train again in time");
   check(create_times.size() == static_cast<size_t>(o.lose),
-        std::to_string(create_times.size()) + " pods created for " + std::to_string(o.lose) + " lost");
+        std::to_string(create_times.size()) + " nodes created for " + std::to_string(o.lose) + " lost");
   check(std::set<int>(new_slots.begin(), new_slots.end()) == lost_slots && new_slots.size() == lost_slots.size(),
-        "the new pods are not one for each lost slot");
+        "the new nodes are not one for each lost slot");
   check(failures == o.lose && static_cast<int>(lost_nodes.size()) == o.lose,
         std::to_string(failures) + " failures observed, of " + std::to_string(lost_nodes.size()) + " nodes, for " +
             std::to_string(o.lose) + " lost");
   check(relaunches == o.lose, std::to_string(relaunches) + " relaunches logged for " + std::to_string(o.lose) + " lost");
-  // The zone's NotReady reach the master over a few watch frames: a world may re-form between them
-  // (one restart per wave), but never without one.
+  // The failures reach the master over a few watch frames or polls: a world may re-form between
+  // them (one restart per wave), but never without one.
   check(restarts >= 2, std::to_string(restarts) + " restarts logged: want the first start and one after the zone");
   out.restarts = restarts - 1;
   if (out.correct) fs::remove_all(dir);
   return out;
 }
 
-void print(const std::string& label, const live::ApiLimits& l, const Outcome& r, int lose) {
-  std::printf("%-24s %5.0f QPS burst %4d x%-3d  %d pods created %6.2f s after the NotReady (%6.1f creates/s), training "
+void print(const std::string& label, const live::ApiLimits& l, const Outcome& r, int lose, const std::string& what) {
+  std::printf("%-24s %5.0f QPS burst %4d x%-3d  %d %s created %6.2f s after the failure (%6.1f/s), training "
               "again at %6.2f s (%lld restart%s); master %5.2f CPU s, %lld events, %lld API errors\n",
-              label.c_str(), l.qps, l.burst, l.concurrency, lose, r.to_created, r.create_qps, r.to_reformed,
+              label.c_str(), l.qps, l.burst, l.concurrency, lose, what.c_str(), r.to_created, r.create_qps, r.to_reformed,
               static_cast<long long>(r.restarts), r.restarts == 1 ? "" : "s", r.cpu, static_cast<long long>(r.events),
               static_cast<long long>(r.api_errors));
 }
 
 }  // namespace
 
-int run_kube_bench(const KubeBenchOptions& o) {
+int run_zone_bench(const ZoneBenchOptions& o) {
   if (o.lose < 1 || o.lose > o.nodes) {
     std::fprintf(stderr, "goodput: --lose must be from 1 to --nodes\n");
     return 2;
   }
   if (!fs::exists(o.emulator)) {
-    std::fprintf(stderr, "goodput: no Kubernetes emulator at %s (--emulator)\n", o.emulator.c_str());
+    std::fprintf(stderr, "goodput: no %s emulator at %s (--emulator)\n", o.backend.c_str(), o.emulator.c_str());
     return 2;
   }
-  std::printf("a zone of %d of %d pods lost at once, on the Kubernetes API emulator with cheap pods (simulated agents, "
-              "no trainers)\n",
-              o.lose, o.nodes);
+  const bool ray = o.backend == "ray";
+  const std::string what = ray ? "Ray jobs" : "pods";
+  std::printf("a zone of %d of %d nodes lost at once, on the %s emulator with cheap %s (simulated agents, no trainers)\n",
+              o.lose, o.nodes, ray ? "Ray dashboard" : "Kubernetes API", what.c_str());
   const live::ApiLimits tuned{o.qps, o.burst, o.concurrency};
   const Outcome r = run_once(o, tuned, "goodput");
-  print("goodput", tuned, r, o.lose);
+  print("goodput", tuned, r, o.lose, what);
   bool ok = r.correct;
   if (o.baseline) {
     const live::ApiLimits client_go{5, 10, 1};  // client-go's defaults, one call after another
     const Outcome b = run_once(o, client_go, "client-go-defaults");
-    print("client-go defaults", client_go, b, o.lose);
+    print("client-go defaults", client_go, b, o.lose, what);
     if (r.reformed && b.reformed)
       std::printf("ratio: replacements created %.1fx sooner, training again %.1fx sooner\n",
                   b.to_created / std::max(r.to_created, 1e-3), b.to_reformed / std::max(r.to_reformed, 1e-3));

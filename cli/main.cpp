@@ -10,7 +10,7 @@
 
 #include "cli/bench.h"
 #include "cli/bench_api.h"
-#include "cli/bench_kube.h"
+#include "cli/bench_zone.h"
 #include "cli/ckpt.h"
 #include "cli/k8s_convert.h"
 #include "cli/operator.h"
@@ -606,33 +606,38 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   api->callback([&] { rc = run_api_bench(api_o); });
-  static KubeBenchOptions kube_o;
-  {
+  // A zone lost under a big job, on Kubernetes or on Ray: the same options, the cluster's emulator.
+  static ZoneBenchOptions kube_o, ray_o;
+  for (auto [o, name, backend, emulator, data, what] :
+       {std::tuple{&kube_o, "kube", "kubernetes", "kube/kube_emulator.py", "k8s", "pods"},
+        std::tuple{&ray_o, "ray", "ray", "ray/ray_emulator.py", "ray", "Ray jobs"}}) {
+    o->backend = backend;
     // Beside the build: the source tree's emulator, and the shared data next to the checkout.
     const std::filesystem::path exe = std::filesystem::canonical("/proc/self/exe").parent_path();
-    kube_o.emulator = (exe.parent_path() / "tests/emulators/kube/kube_emulator.py").string();
+    o->emulator = (exe.parent_path() / "tests/emulators" / emulator).string();
     const char* shared = std::getenv("GOODPUT_SHARED_DATA");
-    kube_o.fixtures = shared && *shared ? std::string(shared) + "/k8s" : (exe.parent_path().parent_path() / "shared/data/k8s").string();
+    o->fixtures = shared && *shared ? std::string(shared) + "/" + data : (exe.parent_path().parent_path() / "shared/data" / data).string();
+    auto* z = bench->add_subcommand(name, std::string("A zone of a big job's ") + what + " lost at once, on the " +
+                                              (o == &ray_o ? "Ray dashboard" : "Kubernetes API") +
+                                              " emulator (cheap nodes, simulated agents): time to the replacements and "
+                                              "to training again, against client-go's default limits");
+    z->add_option("--nodes", o->nodes, "The job's nodes")->check(CLI::Range(2, 16384))->capture_default_str();
+    z->add_option("--lose", o->lose, "Of them, lost at once with their machines")->check(CLI::PositiveNumber)->capture_default_str();
+    z->add_option("--qps", o->qps, "The master's backend.api_qps")->check(CLI::PositiveNumber)->capture_default_str();
+    z->add_option("--burst", o->burst, "Its backend.api_burst")->check(CLI::PositiveNumber)->capture_default_str();
+    z->add_option("--concurrency", o->concurrency, "Its backend.api_concurrency")->check(CLI::Range(1, 256))->capture_default_str();
+    z->add_flag("!--no-baseline", o->baseline, "Skip the run with client-go's default limits");
+    z->add_option("--emulator", o->emulator, "The cluster's emulator")->capture_default_str();
+    z->add_option("--fixtures", o->fixtures, "Its fixtures (shared/data/...)")->capture_default_str();
+    z->callback([&, o = o] {
+      try {
+        rc = run_zone_bench(*o);
+      } catch (const std::exception& e) {
+        std::cerr << "goodput: " << e.what() << "\n";
+        rc = 1;
+      }
+    });
   }
-  auto* kube = bench->add_subcommand("kube", "A zone of a big job's pods lost at once, on the Kubernetes API emulator "
-                                             "(cheap pods, simulated agents): time to replacement pods and to training "
-                                             "again, against client-go's default limits");
-  kube->add_option("--nodes", kube_o.nodes, "The job's pods")->check(CLI::Range(2, 16384))->capture_default_str();
-  kube->add_option("--lose", kube_o.lose, "Of them, lost at once with their nodes")->check(CLI::PositiveNumber)->capture_default_str();
-  kube->add_option("--qps", kube_o.qps, "The master's backend.api_qps")->check(CLI::PositiveNumber)->capture_default_str();
-  kube->add_option("--burst", kube_o.burst, "Its backend.api_burst")->check(CLI::PositiveNumber)->capture_default_str();
-  kube->add_option("--concurrency", kube_o.concurrency, "Its backend.api_concurrency")->check(CLI::Range(1, 256))->capture_default_str();
-  kube->add_flag("!--no-baseline", kube_o.baseline, "Skip the run with client-go's default limits");
-  kube->add_option("--emulator", kube_o.emulator, "kube_emulator.py")->capture_default_str();
-  kube->add_option("--fixtures", kube_o.fixtures, "shared/data/k8s")->capture_default_str();
-  kube->callback([&] {
-    try {
-      rc = run_kube_bench(kube_o);
-    } catch (const std::exception& e) {
-      std::cerr << "goodput: " << e.what() << "\n";
-      rc = 1;
-    }
-  });
   static SimScaleOptions sim_o;
   auto* simb = bench->add_subcommand("sim", "The simulator at the largest jobs' scale: replay time per event at each "
                                             "size (linear growth reads 1.0x), peak memory, Monte Carlo runs");

@@ -13,7 +13,9 @@ job asks for, else it stays PENDING. Its output is the job's log, its exit statu
 (SUCCEEDED, or FAILED with Ray's "Job entrypoint command failed with exit code N" message).
 
 Faults for tests, on /_emulator/ (not part of Ray's API):
-  POST /_emulator/kill-node {"node_ip"}       the node turns DEAD, its jobs' processes are killed
+  POST /_emulator/kill-node {"node_ip"} or {"node_ips": [...]}
+                                              the node (or a zone of them) turns DEAD, its jobs'
+                                              processes are killed
   POST /_emulator/oom {"submission_id"}       the job is killed by "the OOM killer", logs say so
   POST /_emulator/faults {"count", "mode", "method", "path"}
         the next `count` matching API requests fail: mode "500" (a text 500), "drop" (connection
@@ -21,7 +23,10 @@ Faults for tests, on /_emulator/ (not part of Ray's API):
   POST /_emulator/hold {"count"}              the next `count` submitted jobs stay PENDING
   POST /_emulator/release {}                  held jobs may start; later ones are not held
   GET  /_emulator/requests                    every API request seen: method, path, query, body
-Usage: ray_emulator.py --fixtures DIR --state-dir DIR [--nodes N] [--node-resources JSON]
+  GET  /_emulator/request-counts              how many, by method, and how many got a fault's answer
+With --cheap-jobs a job runs no process (it stays RUNNING until stopped or its node dies):
+`goodput bench ray` stands its simulated agents in for thousands of nodes.
+Usage: ray_emulator.py --fixtures DIR --state-dir DIR [--nodes N] [--node-resources JSON] [--cheap-jobs]
 Prints "listening on http://127.0.0.1:PORT" once ready.
 """
 
@@ -50,7 +55,7 @@ def now_ms():
 
 
 class Cluster:
-    def __init__(self, fixtures, state_dir, nodes, node_resources):
+    def __init__(self, fixtures, state_dir, nodes, node_resources, cheap_jobs=False):
         def load(name):
             with open(os.path.join(fixtures, name)) as f:
                 return f.read() if name.endswith(".txt") else json.load(f)
@@ -63,17 +68,19 @@ class Cluster:
         self.submit_response_fields = list(load("jobs-submit-response.json").keys())
         self.not_found = load("jobs-404.txt").strip()  # "Job <id> does not exist"
         self.state_dir = state_dir
+        self.cheap_jobs = cheap_jobs  # jobs run no process (a benchmark's simulated agents stand in)
         self.lock = threading.RLock()
         self.jobs = {}  # submission_id -> job dict (internal)
         self.order = []
         self.requests = []
         self.faults = []
+        self.faults_answered = 0
         self.hold = 0
         self.job_counter = 1
         self.nodes = []
         for i in range(nodes):
             node_id = hashlib.sha256(f"emulated-node-{i}".encode()).hexdigest()[:56]
-            ip = f"10.0.0.{5 + i}"
+            ip = f"10.0.0.{5 + i}" if i < 250 else f"10.{1 + i // 65536}.{i // 256 % 256}.{i % 256}"
             total = {"CPU": 8.0, "memory": 17179869184.0, "object_store_memory": 4294967296.0, f"node:{ip}": 1.0}
             total.update(node_resources)
             if i == 0:
@@ -115,7 +122,8 @@ class Cluster:
         node = job["node"]
         running_or_ran = job["job_id"] is not None
         d = {"type": "SUBMISSION", "job_id": job["job_id"], "submission_id": job["submission_id"],
-             "driver_info": {"id": job["job_id"], "node_ip_address": node["node_ip"], "pid": str(job["proc"].pid)}
+             "driver_info": {"id": job["job_id"], "node_ip_address": node["node_ip"],
+                             "pid": str(job["proc"].pid) if job["proc"] else "0"}
              if running_or_ran else None,
              "status": job["status"], "entrypoint": job["entrypoint"], "message": job["message"],
              "error_type": job["error_type"], "start_time": job["start_time"], "end_time": job["end_time"],
@@ -159,25 +167,26 @@ class Cluster:
             return ""
 
     # ---- placement and processes -----------------------------------------------------------------
-    def free(self, node):
-        free = dict(node["resources_total"])
-        for j in self.jobs.values():
-            if j["node"] is node and j["status"] == "RUNNING":
-                for k, v in j["need"].items():
-                    free[k] = free.get(k, 0.0) - v
-        return free
-
     def schedule(self):
         with self.lock:
-            for sid in self.order:
-                job = self.jobs[sid]
-                if job["status"] != "PENDING" or job["held"]:
-                    continue
+            pending = [self.jobs[sid] for sid in self.order
+                       if self.jobs[sid]["status"] == "PENDING" and not self.jobs[sid]["held"]]
+            if not pending:
+                return
+            # Each node's free resources once, kept as jobs are placed (not again per job and node).
+            free = {n["node_id"]: dict(n["resources_total"]) for n in self.nodes if n["state"] == "ALIVE"}
+            for j in self.jobs.values():
+                if j["status"] == "RUNNING" and j["node"]["node_id"] in free:
+                    for k, v in j["need"].items():
+                        free[j["node"]["node_id"]][k] = free[j["node"]["node_id"]].get(k, 0.0) - v
+
+            def fits(node, job):
+                return all(free[node["node_id"]].get(k, 0.0) >= v - 1e-9 for k, v in job["need"].items() if v > 0)
+            for job in pending:  # first fit, in the nodes' order
                 for node in self.nodes:
-                    if node["state"] != "ALIVE":
-                        continue
-                    free = self.free(node)
-                    if all(free.get(k, 0.0) >= v - 1e-9 for k, v in job["need"].items() if v > 0):
+                    if node["node_id"] in free and fits(node, job):
+                        for k, v in job["need"].items():
+                            free[node["node_id"]][k] = free[node["node_id"]].get(k, 0.0) - v
                         self.start(job, node)
                         break
 
@@ -186,9 +195,10 @@ class Cluster:
         env.update({k: str(v) for k, v in job["env"].items()})
         env["RAY_JOB_SUBMISSION_ID"] = job["submission_id"]
         workdir = os.path.join(self.state_dir, job["submission_id"])
-        os.makedirs(workdir, exist_ok=True)
-        job["proc"] = harness.spawn(["/bin/bash", "-c", job["entrypoint"]], workdir, env, job["log"],
-                                    lambda proc, rc: self.exited(job, rc))
+        if not self.cheap_jobs:
+            os.makedirs(workdir, exist_ok=True)
+            job["proc"] = harness.spawn(["/bin/bash", "-c", job["entrypoint"]], workdir, env, job["log"],
+                                        lambda proc, rc: self.exited(job, rc))
         job["node"] = node
         job["job_id"] = f"{self.job_counter:02x}000000"
         self.job_counter += 1
@@ -219,7 +229,8 @@ class Cluster:
                 if job["node"] is node and job["status"] == "RUNNING":
                     self.finish(job, "FAILED", "Job supervisor actor died: the node it ran on is dead.",
                                 "JOB_SUPERVISOR_ACTOR_DIED")
-                    harness.kill_group(job["proc"])
+                    if job["proc"]:
+                        harness.kill_group(job["proc"])
             return True
 
     def oom(self, sid):
@@ -229,6 +240,9 @@ class Cluster:
                 return False
             with open(job["log"], "a") as f:
                 f.write(OOM_LOG)
+            if job["proc"] is None:  # a cheap job: nothing runs to be killed, it just ends
+                self.exited(job, -9)
+                return True
             harness.kill_group(job["proc"])  # wait() reports it FAILED with exit code -9 and the log tail
             return True
 
@@ -237,6 +251,7 @@ class Cluster:
             for f in self.faults:
                 if f["count"] > 0 and f.get("method", method) == method and path.startswith(f.get("path", "/api/")):
                     f["count"] -= 1
+                    self.faults_answered += 1
                     return f["mode"]
         return None
 
@@ -327,8 +342,16 @@ class Handler(harness.Handler):
         if method == "GET" and path == "/_emulator/requests":
             with c.lock:
                 return self.reply(200, c.requests)
+        if method == "GET" and path == "/_emulator/request-counts":  # requests by method, and the faults answered
+            with c.lock:
+                counts = {"faults": c.faults_answered}
+                for r in c.requests:
+                    counts[r["method"]] = counts.get(r["method"], 0) + 1
+                return self.reply(200, counts)
         if method == "POST" and path == "/_emulator/kill-node":
-            return self.reply(200 if c.kill_node(body["node_ip"]) else 404, {"ok": True})
+            ips = body["node_ips"] if "node_ips" in body else [body["node_ip"]]  # a zone: many at once
+            found = [c.kill_node(ip) for ip in ips]
+            return self.reply(200 if all(found) else 404, {"ok": True})
         if method == "POST" and path == "/_emulator/oom":
             return self.reply(200 if c.oom(body["submission_id"]) else 404, {"ok": True})
         if method == "POST" and path == "/_emulator/faults":
@@ -356,9 +379,11 @@ def main():
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--node-resources", default="{}", help='extra resources on every node, e.g. {"goodput_node": 1}')
     ap.add_argument("--require-header", help='"Name: value" every API request must carry')
+    ap.add_argument("--cheap-jobs", action="store_true",
+                    help="jobs run no process: a benchmark's simulated agents stand in for them")
     a = ap.parse_args()
     os.makedirs(a.state_dir, exist_ok=True)
-    Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes, json.loads(a.node_resources))
+    Handler.cluster = Cluster(a.fixtures, a.state_dir, a.nodes, json.loads(a.node_resources), a.cheap_jobs)
     if a.require_header:
         name, _, value = a.require_header.partition(":")
         Handler.required_header = (name.strip(), value.strip())
