@@ -219,7 +219,7 @@ int run_api_bench(const ApiBenchOptions& o) {
     }
   }
   json status;
-  if (auto s = net::http_call(net::Url::parse(url), "GET", "/status", "", "", 5000)) status = json::parse(s->body);
+  if (auto s = net::http_call(net::Url::parse(url), "GET", "/status?nodes=0", "", "", 5000)) status = json::parse(s->body);
   std::printf("master: %.2f CPU s over %.1f s (%.0f%% of a core), RSS %.1f MiB (%.1f at start)\n", cpu1 - cpu0, wall,
               100 * (cpu1 - cpu0) / wall, rss1, rss0);
   std::printf("job: phase %s, %d failures observed (must be %d), %lld events logged\n",

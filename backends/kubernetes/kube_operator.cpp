@@ -258,7 +258,7 @@ void Operator::reconcile(const Key& k) {
     }
     if (seen.master_pod && str(field(*seen.master_pod, "status"), "phase") == "Running") {
       const std::string token = token_of(job, false);
-      const auto r = net::http_call(net::Url::parse(master_url_of(job)), "GET", "/status", token, "", 2000);
+      const auto r = net::http_call(net::Url::parse(master_url_of(job)), "GET", "/status?nodes=0", token, "", 2000);
       if (r && r->status == 200) {
         const json st = json::parse(r->body, nullptr, false);
         if (st.is_object()) seen.master = st;

@@ -7,6 +7,7 @@
 namespace goodput::live {
 
 void NodeChecks::joined(const NodeJoined& p) {
+  ++changes_;
   State& st = nodes_[p.node];
   st.wanted = spec_.enabled;
   if (slots_seen_.insert(p.slot).second)
@@ -14,6 +15,7 @@ void NodeChecks::joined(const NodeJoined& p) {
 }
 
 void NodeChecks::fold(const NodeChecked& p) {
+  ++changes_;
   ++verdict_counts_[p.verdict];
   State& st = nodes_[p.node];
   st.mflops = p.compute_mflops;
@@ -25,6 +27,7 @@ void NodeChecks::fold(const NodeChecked& p) {
 }
 
 void NodeChecks::fold(const CheckRequested& p) {
+  ++changes_;
   if (p.waiting) {  // starts after the next checkpoint
     waiting_ = p;
     return;
@@ -52,11 +55,14 @@ bool NodeChecks::active(const World& world, NodeId id) const {
 
 bool NodeChecks::pending(const World& world) const {
   if (!on()) return false;
-  for (int32_t s = 0; s < world.size(); ++s)
+  if (pending_ && std::get<0>(*pending_) == world.epoch() && std::get<1>(*pending_) == changes_) return std::get<2>(*pending_);
+  bool any = false;
+  for (int32_t s = 0; s < world.size() && !any; ++s)
     if (const Node* n = world.holder(s); n && !n->gone)
       if (const auto it = nodes_.find(n->id); it != nodes_.end() && it->second.wanted && it->second.verdict.empty())
-        return true;
-  return false;
+        any = true;
+  pending_.emplace(world.epoch(), changes_, any);
+  return any;
 }
 
 nlohmann::json NodeChecks::order(const Node& n, const World& world) const {

@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,7 +49,9 @@ class NodeChecks {
 
   // ---- what the master asks
   bool on() const { return spec_.enabled || requested_; }
-  bool pending(const World& world) const;  // a node of the world has no check verdict yet
+  // A node of the world has no check verdict yet. Asked with every heartbeat: the answer is kept
+  // until the world's slots or a node's wish or verdict change.
+  bool pending(const World& world) const;
   bool in_round() const { return round_ > 0; }
   const std::optional<CheckRequested>& waiting() const { return waiting_; }
   void drop_waiting() { waiting_.reset(); }  // it starts now (or has nobody left to check)
@@ -108,6 +111,8 @@ class NodeChecks {
   Time deadline_ = 0;
   std::vector<NodeId> members_;
   std::vector<NodeId> suspects_;        // of the round judged last
+  uint64_t changes_ = 0;                // of a node's wish to be checked or its verdict
+  mutable std::optional<std::tuple<uint64_t, uint64_t, bool>> pending_;  // world epoch, changes_, the answer
   std::map<std::string, int64_t> verdict_counts_;  // node_checked events by verdict, for /metrics
 };
 
