@@ -25,8 +25,10 @@ enum class Diagnosis : uint8_t {
   SoftwareError, HardwareError, OutOfMemory, Preemption, Unknown, Straggler, ConfigurationError
 };
 enum class RecoveryAction : uint8_t { RestartProcess, RelaunchNode, RelaunchWithMoreMemory, GiveUp };
-// Where a checkpoint lives. None: a fresh start, nothing to load.
-enum class Tier : uint8_t { None, Memory, Storage };
+// Where a checkpoint lives. None: a fresh start, nothing to load. Peer: a copy of a node's memory
+// checkpoint in other nodes' host memory (checkpoint.replicas), what a relaunched node restores from.
+enum class Tier : uint8_t { None, Memory, Storage, Peer };
+constexpr int kTierCount = 4;
 
 constexpr int kDiagnosisCount = 7;
 constexpr int kRecoveryActionCount = 4;
@@ -44,6 +46,7 @@ struct JobStarted {
   int64_t memory_bandwidth_bytes_per_s = 0;   // host-memory copy, per node
   int64_t storage_bandwidth_bytes_per_s = 0;  // persistent storage, per node
   std::string policy;                 // name of the policy set, for people
+  int64_t network_bandwidth_bytes_per_s = 0;  // to another node's host memory, per node (0: not given)
 };
 
 // A machine is up and holds rank slot `slot` of the job (-1: it joined as a spare). A job with
@@ -112,10 +115,18 @@ struct CheckpointSaved {
   Duration blocking = 0;
   bool persist = false;  // the newest one is also being written to storage, asynchronously
   int64_t count = 1;
+  bool replicate = false;  // the newest one is also being copied to peers (checkpoint.replicas), asynchronously
 };
 
 // Memory checkpoints reached storage: `count` of them since the previous event, the newest at `step`.
 struct CheckpointPersisted {
+  int64_t step = 0;
+  int64_t count = 1;
+};
+
+// Memory checkpoints reached their peers (checkpoint.replicas): every rank's copy of `step` is in
+// the host memory of the nodes the plan's placement names; `count` of them since the previous event.
+struct ReplicaStored {
   int64_t step = 0;
   int64_t count = 1;
 };
@@ -233,12 +244,18 @@ struct RecoveryDecided {
 };
 
 // The checkpoint plan: save every `every_steps` steps to `tier`; with Tier::Memory, every
-// `persist_every`-th save is also written to storage in the background (0: never).
+// `persist_every`-th save is also written to storage in the background (0: never), and each save
+// is copied to `replicas` other nodes' host memory in the background, a save finding the previous
+// copy still under way skipping it. Placement "ring": slot s's copies go to slots s+1 .. s+replicas;
+// "groups": slots form groups of replicas + 1 (the last takes the remainder) that hold each
+// other's copies, as in Gemini (SOSP '23).
 struct CheckpointPlanSet {
   int64_t every_steps = 0;
   Tier tier = Tier::Storage;
   int32_t persist_every = 0;
   std::string reason;
+  int32_t replicas = 0;
+  std::string placement;  // "ring" or "groups"; empty without replicas
 };
 
 // The training world goes from `from` to `to` nodes. Without a group it gives up or takes back
@@ -277,7 +294,8 @@ using EventPayload = std::variant<JobStarted, NodeJoined, FailureObserved, NoSpa
                                   ProcessesStarted, RendezvousComplete, CheckpointLoaded, CheckpointSaved,
                                   CheckpointPersisted, JobFinished, RecoveryDecided, CheckpointPlanSet, ScaleDecided,
                                   RestartJob, ShardsCompleted, ShardsAssigned, NodeChecked, StatusObserved,
-                                  CheckRequested, StallObserved, ApiRefused, ScaleRequested, SparesHeld>;
+                                  CheckRequested, StallObserved, ApiRefused, ScaleRequested, SparesHeld,
+                                  ReplicaStored>;
 
 struct Event {
   uint64_t seq = 0;  // position in the log, from 1

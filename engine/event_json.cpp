@@ -12,6 +12,7 @@ template <class F> void fields(JobStarted& v, F&& f) {
   f("checkpoint_bytes_per_node", v.checkpoint_bytes_per_node);
   f("memory_bandwidth_bytes_per_s", v.memory_bandwidth_bytes_per_s);
   f("storage_bandwidth_bytes_per_s", v.storage_bandwidth_bytes_per_s); f("policy", v.policy);
+  f.optional("network_bandwidth_bytes_per_s", v.network_bandwidth_bytes_per_s);
 }
 template <class F> void fields(NodeJoined& v, F&& f) {
   f("node", v.node); f("slot", v.slot); f("name", v.name); f.optional("replica_type", v.replica_type);
@@ -28,8 +29,10 @@ template <class F> void fields(RendezvousComplete& v, F&& f) { f("world_size", v
 template <class F> void fields(CheckpointLoaded& v, F&& f) { f("step", v.step); f("tier", v.tier); f("load_time_ns", v.load_time); }
 template <class F> void fields(CheckpointSaved& v, F&& f) {
   f("step", v.step); f("tier", v.tier); f("blocking_ns", v.blocking); f("persist", v.persist); f("count", v.count);
+  f.optional("replicate", v.replicate);
 }
 template <class F> void fields(CheckpointPersisted& v, F&& f) { f("step", v.step); f("count", v.count); }
+template <class F> void fields(ReplicaStored& v, F&& f) { f("step", v.step); f("count", v.count); }
 template <class F> void fields(ShardsCompleted& v, F&& f) { f("node", v.node); f("step", v.step); f("shards", v.shards); }
 template <class F> void fields(ShardsAssigned& v, F&& f) { f("node", v.node); f("request", v.request); f("shards", v.shards); f.optional("local_rank", v.local_rank);
 }
@@ -57,6 +60,7 @@ template <class F> void fields(RecoveryDecided& v, F&& f) {
 }
 template <class F> void fields(CheckpointPlanSet& v, F&& f) {
   f("every_steps", v.every_steps); f("tier", v.tier); f("persist_every", v.persist_every); f("reason", v.reason);
+  f.optional("replicas", v.replicas); f.optional("placement", v.placement);
 }
 template <class F> void fields(ScaleDecided& v, F&& f) {
   f("from", v.from); f("to", v.to); f("reason", v.reason); f.optional("group", v.group); f.optional("released", v.released);
@@ -76,7 +80,7 @@ constexpr std::array<std::string_view, std::variant_size_v<EventPayload>> kTypeN
     "checkpoint_persisted", "job_finished",     "recovery_decided", "checkpoint_plan_set", "scale_decided",
     "restart_job",         "shards_completed", "shards_assigned",  "node_checked",
     "status_observed",     "check_requested",     "stall_observed",      "api_refused",
-    "scale_requested",     "spares_held"};
+    "scale_requested",     "spares_held",         "replica_stored"};
 
 constexpr std::array<std::string_view, 4> kFailureKinds = {"process_exit", "node_lost", "hang", "maintenance"};
 constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_error", "hardware_error",
@@ -84,7 +88,7 @@ constexpr std::array<std::string_view, kDiagnosisCount> kDiagnoses = {"software_
                                                                       "straggler", "configuration_error"};
 constexpr std::array<std::string_view, kRecoveryActionCount> kActions = {"restart_process", "relaunch_node",
                                                                          "relaunch_with_more_memory", "give_up"};
-constexpr std::array<std::string_view, 3> kTiers = {"none", "memory", "storage"};
+constexpr std::array<std::string_view, kTierCount> kTiers = {"none", "memory", "storage", "peer"};
 
 template <class E, size_t N>
 std::optional<E> enum_from(const std::array<std::string_view, N>& names, std::string_view s) {

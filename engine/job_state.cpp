@@ -72,11 +72,37 @@ void JobState::take_back_progress(Duration to) {
   while (!weights_.empty() && weights_.back().progress >= progress_) weights_.pop_back();
 }
 
-void JobState::set_held(NodeId n, bool held) {
-  if (n < 0) return;
-  if (held ? !held_.insert(n).second : held_.erase(n) == 0) return;
+int32_t JobState::set_held(NodeId n, bool held, int32_t slot) {
+  if (n < 0) return -1;
+  auto it = held_.find(n);
+  const int32_t was = it == held_.end() ? -1 : it->second;
+  if (was >= 0) {
+    auto at = slot_node_.find(was);
+    if (at != slot_node_.end() && at->second == n) slot_node_.erase(at);
+  }
+  if (held) {
+    if (slot >= 0) slot_node_[slot] = n;
+    if (it != held_.end()) {
+      it->second = slot;
+      return was;
+    }
+    held_.emplace(n, slot);
+  } else {
+    if (it == held_.end()) return -1;
+    held_.erase(it);
+  }
   held_count_ += held ? 1 : -1;
   recompute_slowdown();
+  return was;
+}
+
+std::set<int32_t> JobState::vacant_slot_set() const {
+  std::set<int32_t> vacant;
+  if (static_cast<int64_t>(slot_node_.size()) >= target_nodes_ && (slot_node_.empty() || slot_node_.rbegin()->first < target_nodes_))
+    return vacant;
+  for (int32_t s = 0; s < target_nodes_; ++s)
+    if (!slot_node_.contains(s)) vacant.insert(s);
+  return vacant;
 }
 
 void JobState::recompute_slowdown() {
@@ -226,7 +252,7 @@ void JobState::apply(const Event& e) {
             if (full_speed_since_ != kNever) spare_changes_.emplace_back(now_, spares_held_);
             spares_held_ = std::max(p.held, 0);
           } else if constexpr (std::is_same_v<T, NodeJoined>) {
-            set_held(p.node, true);
+            set_held(p.node, true, p.slot);
             // A machine for that slot (or, for a spare, for the first slot that has none).
             if (p.slot >= 0) no_machine_.erase(p.slot);
             else if (!no_machine_.empty()) no_machine_.erase(no_machine_.begin());
@@ -250,10 +276,15 @@ void JobState::apply(const Event& e) {
             const Duration target = checkpoints_.progress_of(p.step, p.tier, progress_, job_.step_time);
             add_loss(Loss::Recompute, progress_ - target);
             take_back_progress(target);
+            checkpoints_.on_loaded(p.step, p.tier);
+            ++restores_[static_cast<size_t>(p.tier)];
             stage_ = Stage::Training;
             trained_since_restart_ = true;
             startup_repeats_ = 0;
             startup_signature_.clear();
+          } else if constexpr (std::is_same_v<T, ReplicaStored>) {
+            checkpoints_.on_replicated(p.step, ReplicaPlacement::from(plan_, target_nodes_), vacant_slot_set());
+            replicated_ += std::max<int64_t>(p.count, 1);
           } else if constexpr (std::is_same_v<T, CheckpointPersisted>) {
             checkpoints_.on_persisted(p.step);
             persisted_ += std::max<int64_t>(p.count, 1);
@@ -271,11 +302,11 @@ void JobState::apply(const Event& e) {
             ++by_action_[static_cast<size_t>(p.action)];
             last_backoff_ = p.backoff;
             if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory) {
-              set_held(p.node, false);
+              const int32_t slot = set_held(p.node, false);
               // A lost node takes its host memory along; any other leaves with its agent alive.
               if (p.diagnosis != Diagnosis::Straggler && last_failure_kind_ == FailureKind::NodeLost)
-                checkpoints_.on_memory_lost();
-              else checkpoints_.on_memory_persisted_on_exit();
+                checkpoints_.on_node_lost(slot);
+              else checkpoints_.on_memory_persisted_on_exit(slot);
               stage_ = Stage::None;  // a planned replacement (a straggler) stops training too
             } else if (p.action == RecoveryAction::GiveUp && !gave_up_) {
               gave_up_ = true;

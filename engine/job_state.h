@@ -96,6 +96,9 @@ class JobState {
   const CheckpointPlanSet& checkpoint_plan() const { return plan_; }
   int64_t checkpoints_saved(Tier t) const { return saved_[static_cast<size_t>(t)]; }
   int64_t checkpoints_persisted() const { return persisted_; }
+  int64_t checkpoints_replicated() const { return replicated_; }
+  // Restores (checkpoint_loaded) from tier t; Tier::None counts starts from scratch.
+  int64_t restores_from(Tier t) const { return restores_[static_cast<size_t>(t)]; }
 
   // ---- goodput ----
   Duration wall() const { return started_ ? now_ - start_ : 0; }
@@ -129,7 +132,10 @@ class JobState {
   // full speed that is exactly the time) and accrue up to `since`; returns the time taken back.
   void stop_credit_at(Time since);
   void add_loss(Loss l, Duration d) { loss_[static_cast<size_t>(l)] += d; }
-  void set_held(NodeId n, bool held);
+  // A node takes (slot >= 0) or leaves a slot; returns the slot it held (-1: none known).
+  int32_t set_held(NodeId n, bool held, int32_t slot = -1);
+  // Slots of the target world with no node in them now (for the peer tier's placement).
+  std::set<int32_t> vacant_slot_set() const;
   void take_back_progress(Duration to);
   void recompute_slowdown();
 
@@ -160,7 +166,8 @@ class JobState {
   std::vector<std::pair<Time, int32_t>> spare_changes_;  // (when, the count before) while at full speed
   std::set<int32_t> no_machine_;  // slots waiting for capacity
   // Keyed by node id: ids come from logs and traces, so they may be sparse, huge or negative.
-  std::set<NodeId> held_;
+  std::map<NodeId, int32_t> held_;     // the slot each held node is in (-1: not known)
+  std::map<int32_t, NodeId> slot_node_;  // the node in each slot known
   std::map<NodeId, int32_t> slowdown_;  // only nodes slower than full speed
   std::map<NodeId, int32_t> node_failures_;
   std::map<NodeId, std::vector<Time>> recent_failures_;  // per node, the newest kRecentFailures times
@@ -178,8 +185,10 @@ class JobState {
 
   CheckpointManager checkpoints_;
   CheckpointPlanSet plan_;
-  std::array<int64_t, 3> saved_{};
+  std::array<int64_t, kTierCount> saved_{};
+  std::array<int64_t, kTierCount> restores_{};  // checkpoint_loaded by tier
   int64_t persisted_ = 0;
+  int64_t replicated_ = 0;
 
   Duration progress_ = 0;
   std::array<Duration, kLossCount> loss_{};

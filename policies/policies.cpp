@@ -193,6 +193,15 @@ class RestartAllRecovery final : public RecoveryPolicy {
 struct PlanShape {
   Tier tier = Tier::Storage;
   int32_t persist_every = 0;
+  int32_t replicas = 0;
+  std::string placement;
+
+  void fill(CheckpointPlanSet& p) const {
+    p.tier = tier;
+    p.persist_every = persist_every;
+    p.replicas = replicas;
+    p.placement = placement;
+  }
 };
 
 int64_t steps_for(Duration interval, Duration step_time) {
@@ -204,10 +213,17 @@ PlanShape read_shape(ConfigReader& r, Tier default_tier, int32_t default_persist
   PlanShape s;
   const std::string tier = r.text("tier", std::string(to_string(default_tier)));
   auto t = tier_from(tier);
-  if (!t || *t == Tier::None) r.fail("tier", "must be \"memory\" or \"storage\"");
+  if (!t || (*t != Tier::Memory && *t != Tier::Storage)) r.fail("tier", "must be \"memory\" or \"storage\"");
   s.tier = *t;
   s.persist_every = static_cast<int32_t>(r.integer("persist_every", s.tier == Tier::Memory ? default_persist : 0, 0, 1'000'000));
   if (s.tier == Tier::Storage && s.persist_every != 0) r.fail("persist_every", "applies only to tier \"memory\"");
+  // Copies of each memory checkpoint in other nodes' host memory (the peer tier).
+  s.replicas = static_cast<int32_t>(r.integer("replicas", 0, 0, 64));
+  if (s.tier == Tier::Storage && s.replicas != 0) r.fail("replicas", "applies only to tier \"memory\"");
+  // Read with no replicas too (a sweep over replicas=0,1,2 keeps one placement), but kept only with them.
+  s.placement = r.text("placement", "ring");
+  if (s.placement != "ring" && s.placement != "groups") r.fail("placement", "must be \"ring\" or \"groups\"");
+  if (s.replicas == 0) s.placement.clear();
   return s;
 }
 
@@ -224,8 +240,7 @@ class FixedCheckpoint final : public CheckpointPolicy {
     if (!std::holds_alternative<JobStarted>(e)) return std::nullopt;
     CheckpointPlanSet p;
     p.every_steps = every_steps_ > 0 ? every_steps_ : steps_for(interval_, s.job().step_time);
-    p.tier = shape_.tier;
-    p.persist_every = shape_.persist_every;
+    shape_.fill(p);
     p.reason = every_steps_ > 0 ? "fixed: every " + std::to_string(every_steps_) + " steps"
                                 : "fixed: every " + format_duration(interval_) + " of training";
     return p;
@@ -264,8 +279,7 @@ class YoungDalyCheckpoint final : public CheckpointPolicy {
       return std::nullopt;
     CheckpointPlanSet p;
     p.every_steps = steps;
-    p.tier = shape_.tier;
-    p.persist_every = shape_.persist_every;
+    shape_.fill(p);
     p.reason = "young-daly: save " + format_seconds(cost) + "s, mtbf " + format_duration(mtbf) + " -> every " +
                format_duration(iv) + " (Daly's higher-order optimum)";
     return p;

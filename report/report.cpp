@@ -52,6 +52,8 @@ Report make_report(const JobState& s) {
   r.checkpoints_memory = s.checkpoints_saved(Tier::Memory);
   r.checkpoints_storage = s.checkpoints_saved(Tier::Storage);
   r.checkpoints_persisted = s.checkpoints_persisted();
+  r.checkpoints_replicated = s.checkpoints_replicated();
+  for (int i = 0; i < kTierCount; ++i) r.restores[i] = s.restores_from(static_cast<Tier>(i));
   r.events = s.last_seq();
   return r;
 }
@@ -84,7 +86,13 @@ nlohmann::ordered_json report_json(const Report& r) {
   j["scale_changes"] = r.scale_changes;
   j["checkpoints"] = {{"memory", r.checkpoints_memory},
                       {"storage", r.checkpoints_storage},
-                      {"persisted", r.checkpoints_persisted}};
+                      {"persisted", r.checkpoints_persisted},
+                      {"replicated", r.checkpoints_replicated}};
+  // Which tier each restore read: the peer tier is what checkpoint.replicas buys.
+  j["restores"] = {{"memory", r.restores[static_cast<size_t>(Tier::Memory)]},
+                   {"peer", r.restores[static_cast<size_t>(Tier::Peer)]},
+                   {"storage", r.restores[static_cast<size_t>(Tier::Storage)]},
+                   {"scratch", r.restores[static_cast<size_t>(Tier::None)]}};
   j["events"] = r.events;
   return j;
 }
@@ -140,6 +148,16 @@ std::string report_text(const Report& r) {
   std::snprintf(b, sizeof b, "  checkpoints          %lld to memory (%lld persisted), %lld to storage\n",
                 static_cast<long long>(r.checkpoints_memory), static_cast<long long>(r.checkpoints_persisted),
                 static_cast<long long>(r.checkpoints_storage));
+  o += b;
+  if (r.checkpoints_replicated > 0) {
+    std::snprintf(b, sizeof b, "                       %lld copied to peers\n", static_cast<long long>(r.checkpoints_replicated));
+    o += b;
+  }
+  std::snprintf(b, sizeof b, "  restores             %lld from memory, %lld from peers, %lld from storage, %lld from scratch\n",
+                static_cast<long long>(r.restores[static_cast<size_t>(Tier::Memory)]),
+                static_cast<long long>(r.restores[static_cast<size_t>(Tier::Peer)]),
+                static_cast<long long>(r.restores[static_cast<size_t>(Tier::Storage)]),
+                static_cast<long long>(r.restores[static_cast<size_t>(Tier::None)]));
   o += b;
   std::snprintf(b, sizeof b, "  events               %llu\n", static_cast<unsigned long long>(r.events));
   o += b;

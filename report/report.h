@@ -37,6 +37,8 @@ struct Report {
   int64_t checkpoints_memory = 0;
   int64_t checkpoints_storage = 0;
   int64_t checkpoints_persisted = 0;
+  int64_t checkpoints_replicated = 0;  // memory saves whose copies reached their peers
+  std::array<int64_t, kTierCount> restores{};  // by the tier restored from (none: from scratch)
   uint64_t events = 0;
 };
 

@@ -60,6 +60,7 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
             t.job.checkpoint_bytes_per_node = p.checkpoint_bytes_per_node;
             t.job.memory_bandwidth_bytes_per_s = std::max<int64_t>(1, p.memory_bandwidth_bytes_per_s);
             t.job.storage_bandwidth_bytes_per_s = std::max<int64_t>(1, p.storage_bandwidth_bytes_per_s);
+            if (p.network_bandwidth_bytes_per_s > 0) t.job.network_bandwidth_bytes_per_s = p.network_bandwidth_bytes_per_s;
           } else if constexpr (std::is_same_v<T, NodeJoined>) {
             if (!first_world_done) {
               initial_slot[p.node] = p.slot;

@@ -17,7 +17,7 @@ Simulator::Simulator(const Trace& trace, PolicySet policies, SimOptions options,
       master_(std::move(policies), clock_, *this, std::move(sinks),
               JobMaster::Options{.flush_before_acting = false, .finish_on_give_up = trace.job.duration <= 0}),
       costs_{trace.job.checkpoint_bytes_per_node, trace.job.memory_bandwidth_bytes_per_s,
-             trace.job.storage_bandwidth_bytes_per_s},
+             trace.job.storage_bandwidth_bytes_per_s, trace.job.network_bandwidth_bytes_per_s},
       machines_(static_cast<size_t>(trace.machines())),
       slots_(static_cast<size_t>(trace.cluster.nodes)),
       free_(trace.machines()),
@@ -219,7 +219,71 @@ void Simulator::observe_at(Time t, EventPayload observation) {
   master_.observe(std::move(observation));
 }
 
+Duration Simulator::replicate_cost() const {
+  return costs_.replicate(ReplicaPlacement::from(plan_, target_).copies_sent());
+}
+
+Simulator::CopiesDone Simulator::advance_copy(BackgroundCopy& c, int32_t every, Duration cost, int64_t count, Time t) {
+  CopiesDone d;
+  const int64_t k = plan_.every_steps;
+  const int64_t last_step = first_checkpoint_step_ + (saves_done_ + count - 1) * k;
+  const Time last_at = save_done_at(saves_done_ + count);
+  auto finish_running = [&](Time by) {
+    if (c.running && c.done_at <= by) {
+      c.running = false;
+      ++d.count;
+      d.newest = c.step;
+      d.newest_at = c.done_at;
+    }
+  };
+  const int64_t first = memory_saves_ % every == 0 ? every : every - memory_saves_ % every;  // 1-based in batch
+  const Duration spacing = plan_.every_steps * trace_.job.step_time + costs_.save(plan_.tier);
+  int64_t i = first;
+  // Closed form once a copy can never overlap the next candidate; step by step before that.
+  while (i <= count) {
+    const Time at = save_done_at(saves_done_ + i);
+    finish_running(at);
+    bool started = false;
+    if (!c.running) {
+      c.running = started = true;
+      c.step = first_checkpoint_step_ + (saves_done_ + i - 1) * k;
+      c.done_at = at + cost;
+    }
+    if (!started || cost > every * spacing) {
+      i += every;
+      continue;
+    }
+    // From here every candidate starts a copy that ends before the next one: jump to the last.
+    const int64_t last = i + (count - i) / every * every;
+    if (last > i) {
+      finish_running(save_done_at(saves_done_ + last));  // the one started at i
+      const int64_t between = (last - i) / every - 1;    // started and finished in between
+      if (between > 0) {
+        d.count += between;
+        d.newest = first_checkpoint_step_ + (saves_done_ + last - every - 1) * k;
+        d.newest_at = save_done_at(saves_done_ + last - every) + cost;
+      }
+      c.running = true;
+      c.step = first_checkpoint_step_ + (saves_done_ + last - 1) * k;
+      c.done_at = save_done_at(saves_done_ + last) + cost;
+    }
+    break;
+  }
+  d.last_started = c.running && c.step == last_step && c.done_at > last_at;
+  finish_running(t);
+  return d;
+}
+
 void Simulator::catch_up(Time t) {
+  // Copies reported in the order they finished (the clock only moves forward).
+  auto report = [&](const CopiesDone& persisted, const CopiesDone& replicated, Time not_before) {
+    const bool replica_first = replicated.count > 0 && (persisted.count == 0 || replicated.newest_at < persisted.newest_at);
+    if (replica_first) observe_at(std::max(replicated.newest_at, not_before), ReplicaStored{replicated.newest, replicated.count});
+    if (persisted.count > 0)
+      observe_at(std::max(persisted.newest_at, not_before), CheckpointPersisted{persisted.newest, persisted.count});
+    if (replicated.count > 0 && !replica_first)
+      observe_at(std::max(replicated.newest_at, not_before), ReplicaStored{replicated.newest, replicated.count});
+  };
   if (training_ && first_checkpoint_step_ > 0 && save_done_at(saves_done_ + 1) <= t) {
     // Saves completed by t: n with save_done_at(n) <= t < save_done_at(n + 1). Estimate, then settle.
     const Duration per = std::max<Duration>(1, save_done_at(saves_done_ + 2) - save_done_at(saves_done_ + 1));
@@ -230,68 +294,29 @@ void Simulator::catch_up(Time t) {
     const int64_t count = n - saves_done_;
     const int64_t last_step = first_checkpoint_step_ + (n - 1) * k;
     const Time last_at = save_done_at(n);
-    // Persists: every persist_every-th memory save starts one unless the previous is still running.
-    const int32_t p = plan_.tier == Tier::Memory ? plan_.persist_every : 0;
-    const Duration P = costs_.persist();
-    int64_t persisted = 0, newest_persisted = 0;
-    Time newest_persisted_at = 0;
-    bool last_started = false;
-    auto finish_running = [&](Time by) {
-      if (persisting_ && persist_done_at_ <= by) {
-        persisting_ = false;
-        ++persisted;
-        newest_persisted = persisting_step_;
-        newest_persisted_at = persist_done_at_;
-      }
-    };
+    const bool memory = plan_.tier == Tier::Memory;
+    const int32_t p = memory ? plan_.persist_every : 0;
+    CopiesDone persisted, replicated;
+    if (memory && plan_.replicas > 0) replicated = advance_copy(replica_, 1, replicate_cost(), count, t);
     if (p > 0) {
-      const int64_t first = memory_saves_ % p == 0 ? p : p - memory_saves_ % p;  // first candidate, 1-based in batch
-      const Duration spacing = plan_.every_steps * trace_.job.step_time + costs_.save(plan_.tier);
-      int64_t i = first;
-      // Closed form once a persist can never overlap the next candidate; step by step before that.
-      while (i <= count) {
-        const Time at = save_done_at(saves_done_ + i);
-        finish_running(at);
-        bool started = false;
-        if (!persisting_) {
-          persisting_ = started = true;
-          persisting_step_ = first_checkpoint_step_ + (saves_done_ + i - 1) * k;
-          persist_done_at_ = at + P;
-        }
-        if (!started || P > p * spacing) {
-          i += p;
-          continue;
-        }
-        // From here every candidate starts a persist that ends before the next one: jump to the last.
-        const int64_t last = i + (count - i) / p * p;
-        if (last > i) {
-          finish_running(save_done_at(saves_done_ + last));  // the one started at i
-          const int64_t between = (last - i) / p - 1;        // started and finished in between
-          if (between > 0) {
-            persisted += between;
-            newest_persisted = first_checkpoint_step_ + (saves_done_ + last - p - 1) * k;
-            newest_persisted_at = save_done_at(saves_done_ + last - p) + P;
-          }
-          persisting_ = true;
-          persisting_step_ = first_checkpoint_step_ + (saves_done_ + last - 1) * k;
-          persist_done_at_ = save_done_at(saves_done_ + last) + P;
-        }
-        break;
-      }
+      persisted = advance_copy(persist_, p, costs_.persist(), count, t);
       memory_saves_ += count;
-      last_started = persisting_ && persisting_step_ == last_step && persist_done_at_ > last_at;
-      finish_running(t);
     }
     saves_done_ = n;
     next_checkpoint_step_ = last_step + k;
-    observe_at(last_at, CheckpointSaved{last_step, plan_.tier, costs_.save(plan_.tier), last_started, count});
-    if (persisted > 0) observe_at(std::max(newest_persisted_at, last_at), CheckpointPersisted{newest_persisted, persisted});
+    observe_at(last_at, CheckpointSaved{last_step, plan_.tier, costs_.save(plan_.tier), persisted.last_started, count,
+                                        replicated.last_started});
+    report(persisted, replicated, last_at);
     return;
   }
-  if (persisting_ && persist_done_at_ <= t) {
-    persisting_ = false;
-    observe_at(persist_done_at_, CheckpointPersisted{persisting_step_, 1});
+  CopiesDone persisted, replicated;
+  for (auto [c, d] : {std::pair{&persist_, &persisted}, std::pair{&replica_, &replicated}}) {
+    if (c->running && c->done_at <= t) {
+      c->running = false;
+      *d = CopiesDone{1, c->step, c->done_at, false};
+    }
   }
+  report(persisted, replicated, 0);
 }
 
 // ---- the cluster ---------------------------------------------------------------------------------
@@ -544,7 +569,7 @@ void Simulator::fault(int32_t m, const TraceEvent& e) {
       break;
   }
   if (f.kind == FailureKind::NodeLost || f.kind == FailureKind::Maintenance) {
-    persisting_ = false;  // the node's part of an in-flight persist is gone
+    persist_.running = replica_.running = false;  // the node's part of a copy under way is gone
     machine_down(m, e.duration);  // it keeps its slot until the master relaunches it
   }
   detect_later(std::move(f), latency);
@@ -692,7 +717,7 @@ void Simulator::execute(const Event& d) {
           if (training_) {  // a planned replacement: the job stops now and restarts with the new node
             stall();
             stop_training();
-            persisting_ = false;
+            persist_.running = replica_.running = false;
           }
           ++restart_gen_;  // a restart under way cannot complete without this node either
           if (p.action == RecoveryAction::RelaunchWithMoreMemory)
@@ -718,6 +743,9 @@ void Simulator::execute(const Event& d) {
           teardown();
           ++restart_gen_;
           restart_ = p;
+          // Trainers going back to an older state than memory's: copies still on their way are of a
+          // history thrown away.
+          if (p.restore_tier != Tier::Memory && p.restore_tier != Tier::Peer) replica_.running = false;
           // A machine that is down cannot start its trainer: the restart fails and is noticed.
           if (!down_in_job_.empty()) {
             const int32_t m = down_in_job_.next();

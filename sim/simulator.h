@@ -132,9 +132,24 @@ class Simulator final : public Backend {
   int32_t slowdown_ = 1000;
   uint64_t train_gen_ = 0;
   uint64_t restart_gen_ = 0;
-  bool persisting_ = false;
-  int64_t persisting_step_ = 0;
-  Time persist_done_at_ = 0;
+  // A copy of memory saves made in the background while training goes on: to storage (persist)
+  // or to peers' memory (replicas). One at a time; a save that finds one under way is not copied.
+  struct BackgroundCopy {
+    bool running = false;
+    int64_t step = 0;
+    Time done_at = 0;
+  };
+  struct CopiesDone {
+    int64_t count = 0;     // finished by t
+    int64_t newest = 0;    // the newest finished one's step
+    Time newest_at = 0;    // and when it finished
+    bool last_started = false;  // the batch's newest save started one
+  };
+  // Every `every`-th memory save of the `count` that completed by t starts a copy taking `cost`.
+  CopiesDone advance_copy(BackgroundCopy& c, int32_t every, Duration cost, int64_t count, Time t);
+  Duration replicate_cost() const;
+  BackgroundCopy persist_;
+  BackgroundCopy replica_;
   int64_t first_checkpoint_step_ = 0;  // first save after the anchor (0: no plan)
   int64_t saves_done_ = 0;             // saves completed since the anchor
   int64_t next_checkpoint_step_ = 0;   // the save in progress or next

@@ -49,6 +49,7 @@ void read_job(ConfigReader& r, JobSpec& j) {
   j.checkpoint_bytes_per_node = r.integer("checkpoint_bytes_per_node", 0, 0, int64_t{1} << 50);
   j.memory_bandwidth_bytes_per_s = r.integer("memory_bandwidth_bytes_per_s", j.memory_bandwidth_bytes_per_s, 1, int64_t{1} << 50);
   j.storage_bandwidth_bytes_per_s = r.integer("storage_bandwidth_bytes_per_s", j.storage_bandwidth_bytes_per_s, 1, int64_t{1} << 50);
+  j.network_bandwidth_bytes_per_s = r.integer("network_bandwidth_bytes_per_s", j.network_bandwidth_bytes_per_s, 1, int64_t{1} << 50);
   j.process_restart = r.duration("process_restart", j.process_restart);
   j.warm_restart = r.duration("warm_restart", j.warm_restart);
   if (j.warm_restart < 0) r.fail("warm_restart", "must not be negative");
@@ -118,6 +119,7 @@ JobStarted Trace::job_started(const std::string& policy) const {
   s.memory_bandwidth_bytes_per_s = job.memory_bandwidth_bytes_per_s;
   s.storage_bandwidth_bytes_per_s = job.storage_bandwidth_bytes_per_s;
   s.policy = policy;
+  s.network_bandwidth_bytes_per_s = job.network_bandwidth_bytes_per_s;
   return s;
 }
 
@@ -268,6 +270,8 @@ std::string write_trace(const Trace& t) {
   job["checkpoint_bytes_per_node"] = t.job.checkpoint_bytes_per_node;
   job["memory_bandwidth_bytes_per_s"] = t.job.memory_bandwidth_bytes_per_s;
   job["storage_bandwidth_bytes_per_s"] = t.job.storage_bandwidth_bytes_per_s;
+  if (t.job.network_bandwidth_bytes_per_s != JobSpec{}.network_bandwidth_bytes_per_s)
+    job["network_bandwidth_bytes_per_s"] = t.job.network_bandwidth_bytes_per_s;
   job["process_restart"] = dur(t.job.process_restart);
   if (t.job.warm_restart != JobSpec{}.warm_restart) job["warm_restart"] = dur(t.job.warm_restart);
   job["node_scheduling"] = dur(t.job.node_scheduling);

@@ -44,6 +44,9 @@ struct JobSpec {
   int64_t checkpoint_bytes_per_node = 0;
   int64_t memory_bandwidth_bytes_per_s = 10'000'000'000;
   int64_t storage_bandwidth_bytes_per_s = 1'000'000'000;
+  // One node's link to another node's host memory (checkpoint.replicas): 100 Gb/s by default, an
+  // assumption (one 100G NIC per node, or a share of a faster one left to checkpoints).
+  int64_t network_bandwidth_bytes_per_s = 12'500'000'000;
   Duration process_restart = 30 * kSecond;  // trainer processes up again
   // Trainer processes up again from warm interpreters (recovery.warm_start): what is left once the
   // interpreter start and the imports were done beforehand (the device context and the model are not).

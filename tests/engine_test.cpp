@@ -19,7 +19,7 @@ using namespace goodput;
 
 namespace {
 std::vector<EventPayload> one_of_each() {
-  return {JobStarted{"j", 4, 8, kSecond, 100, 2'000'000'000, 10'000'000'000, 1'000'000'000, "p"},
+  return {JobStarted{"j", 4, 8, kSecond, 100, 2'000'000'000, 10'000'000'000, 1'000'000'000, "p", 12'500'000'000},
           NodeJoined{3, 2, "n3", ""},
           FailureObserved{1, FailureKind::ProcessExit, 137, 9, "OOMKilled \"quoted\" \n newline", 12345},
           NoSpareNode{2, true},
@@ -27,12 +27,13 @@ std::vector<EventPayload> one_of_each() {
           SlowdownObserved{1, 2500},
           ProcessesStarted{4, 1},
           RendezvousComplete{4, 1},
-          CheckpointLoaded{800, Tier::Memory, 200'000'000},
-          CheckpointSaved{900, Tier::Memory, 200'000'000, true, 3},
+          CheckpointLoaded{800, Tier::Peer, 200'000'000},
+          CheckpointSaved{900, Tier::Memory, 200'000'000, true, 3, true},
           CheckpointPersisted{900, 2},
+          ReplicaStored{900, 3},
           JobFinished{"horizon", 1000},
           RecoveryDecided{1, Diagnosis::OutOfMemory, RecoveryAction::RelaunchWithMoreMemory, 2, 5 * kSecond, 1500, "oom"},
-          CheckpointPlanSet{100, Tier::Memory, 1, "fixed"},
+          CheckpointPlanSet{100, Tier::Memory, 1, "fixed", 2, "groups"},
           ScaleDecided{4, 3, "no spare", "", {}},
           ScaleDecided{4, 3, "operator", "ps", {2}},
           RestartJob{3, 2, 0, 800, Tier::Storage},
@@ -389,4 +390,94 @@ TEST_CASE("the fold never takes back progress of an earlier training run for a l
   CHECK(s.productive() + s.losses_total() == s.wall());
   CHECK(s.loss(Loss::Detection) == (201 + 99) * kSecond);
   CHECK(s.loss(Loss::Recompute) == 1000 * kSecond);
+}
+
+TEST_CASE("replica placement: a ring sends slot s's copies to the next k slots, groups hold each other's") {
+  auto holders = [](const ReplicaPlacement& p, int32_t s) {
+    std::vector<int32_t> h;
+    p.for_each_holder(s, [&](int32_t x) { h.push_back(x); });
+    return h;
+  };
+  const ReplicaPlacement ring{2, false, 5};
+  CHECK(holders(ring, 0) == std::vector<int32_t>{1, 2});
+  CHECK(holders(ring, 4) == std::vector<int32_t>{0, 1});
+  CHECK(ring.copies_sent() == 2);
+  // Groups of k + 1 = 2 over 5 slots: {0, 1}, {2, 3, 4} (the last takes the remainder).
+  const ReplicaPlacement groups{1, true, 5};
+  CHECK(holders(groups, 0) == std::vector<int32_t>{1});
+  CHECK(holders(groups, 3) == std::vector<int32_t>{2, 4});
+  CHECK(groups.copies_sent() == 2);  // the largest group's members each send two
+  // More copies than other slots: every other slot, once.
+  CHECK(holders(ReplicaPlacement{8, false, 3}, 1) == std::vector<int32_t>{2, 0});
+  CHECK(ReplicaPlacement{8, false, 3}.copies_sent() == 2);
+  CHECK(holders(ReplicaPlacement{1, false, 1}, 0).empty());
+  CHECK(holders(ReplicaPlacement{0, false, 4}, 0).empty());
+  CHECK(holders(ring, 7).empty());  // a slot outside the world holds and has nothing
+}
+
+TEST_CASE("the peer tier survives a loss while every lost slot has a living holder, and not after") {
+  auto manager = [](bool groups) {
+    CheckpointManager m;
+    m.on_saved(CheckpointSaved{100, Tier::Memory, 0, false, 1, true}, 100 * kSecond);
+    m.on_replicated(100, ReplicaPlacement{1, groups, 4}, {});
+    return m;
+  };
+  SUBCASE("ring: slot 2 lost, its copy is on slot 3") {
+    CheckpointManager m = manager(false);
+    m.on_node_lost(2);
+    CHECK_FALSE(m.newest_in_memory().valid);
+    CHECK(m.best_restore(true).tier == Tier::Peer);
+    CHECK(m.best_restore(true).step == 100);
+    CHECK(m.best_restore(false).tier == Tier::None);  // restore_from storage: peers are memory too
+    CHECK(m.progress_of(100, Tier::Peer, 150 * kSecond, kSecond) == 100 * kSecond);
+    // Slot 1's copy was on slot 2: losing slot 1 too leaves no rank-1 state anywhere.
+    m.on_node_lost(1);
+    CHECK(m.best_restore(true).tier == Tier::None);
+  }
+  SUBCASE("groups {0, 1} and {2, 3}: slots 1 and 2 lost, their partners 0 and 3 hold both") {
+    CheckpointManager m = manager(true);
+    m.on_node_lost(1);
+    m.on_node_lost(2);
+    CHECK(m.best_restore(true).tier == Tier::Peer);
+    m.on_node_lost(3);  // slot 2's partner
+    CHECK(m.best_restore(true).tier == Tier::None);
+  }
+  SUBCASE("after a peer restore the relaunched node has its own state but holds nobody's copy") {
+    CheckpointManager m = manager(false);
+    m.on_node_lost(2);
+    m.on_loaded(100, Tier::Peer);
+    CHECK(m.newest_in_memory().valid);
+    CHECK(m.best_restore(true).tier == Tier::Memory);
+    m.on_node_lost(0);  // slot 0's copy is on slot 1: still there
+    CHECK(m.best_restore(true).tier == Tier::Peer);
+    m.on_node_lost(1);  // slot 1's copy was on slot 2, lost with the first machine
+    CHECK(m.best_restore(true).tier == Tier::None);
+  }
+  SUBCASE("a newer replication starts afresh; storage as new as the copies is not preferred to them") {
+    CheckpointManager m = manager(false);
+    m.on_node_lost(2);
+    m.on_loaded(100, Tier::Peer);
+    m.on_saved(CheckpointSaved{200, Tier::Memory, 0, true, 1, true}, 200 * kSecond);
+    m.on_persisted(200);
+    m.on_replicated(200, ReplicaPlacement{1, false, 4}, {});
+    m.on_node_lost(1);
+    CHECK(m.best_restore(true).tier == Tier::Peer);
+    CHECK(m.best_restore(true).step == 200);
+  }
+  SUBCASE("a vacant slot holds no copies, and a slot not known loses the tier") {
+    CheckpointManager m;
+    m.on_saved(CheckpointSaved{100, Tier::Memory, 0, false, 1, true}, 100 * kSecond);
+    m.on_replicated(100, ReplicaPlacement{1, false, 4}, {3});
+    m.on_node_lost(2);  // its copy would be on slot 3, which has no node
+    CHECK(m.best_restore(true).tier == Tier::None);
+    CheckpointManager u = manager(false);
+    u.on_node_lost(-1);
+    CHECK(u.best_restore(true).tier == Tier::None);
+  }
+  SUBCASE("a restore older than the copies starts another history") {
+    CheckpointManager m = manager(false);
+    m.on_loaded(50, Tier::Storage);
+    m.on_node_lost(2);
+    CHECK(m.best_restore(true).tier != Tier::Peer);
+  }
 }

@@ -178,7 +178,7 @@ constexpr uint64_t kRegressionSeeds[] = {20261204002150, 20261204006200, 2026120
 TEST_CASE("property: on random traces the books balance after every event and the log folds back to the same report") {
   const uint64_t traces = env_or("GOODPUT_PROPERTY_TRACES", 300);
   const uint64_t first = env_or("GOODPUT_PROPERTY_SEED", 1);
-  int gave_up = 0, scaled = 0, failed = 0;
+  int gave_up = 0, scaled = 0, failed = 0, from_peers = 0;
   std::vector<uint64_t> seeds(std::begin(kRegressionSeeds), std::end(kRegressionSeeds));
   for (uint64_t i = 0; i < traces; ++i) seeds.push_back(first + i);
   for (const uint64_t seed : seeds) {
@@ -199,6 +199,16 @@ TEST_CASE("property: on random traces the books balance after every event and th
     if (later.below(3) == 0) {  // warm spares, taking a slot at a cost that may be zero or above a placement's
       pj["scaling"]["warm_spares"] = later.below(4);
       set_job_cost("spare_activation", later.below(4) == 0 ? 0.0 : later.uniform() * 600);
+    }
+    // Copies in peers' memory, on a link from far slower than storage to far faster than memory.
+    const bool memory_tier = pj["checkpoint"].value("tier", pj["checkpoint"].value("policy", "") == "flash" ? "memory" : "") == "memory";
+    if (later.below(3) == 0 && memory_tier) {
+      pj["checkpoint"]["replicas"] = 1 + later.below(3);
+      pj["checkpoint"]["placement"] = later.below(2) == 0 ? "ring" : "groups";
+      static constexpr int64_t kLinks[] = {1'000'000, 100'000'000, 2'000'000'000, 12'500'000'000, 400'000'000'000};
+      nlohmann::json header = nlohmann::json::parse(text.substr(0, text.find('\n')));
+      header["job"]["network_bandwidth_bytes_per_s"] = kLinks[later.below(5)];
+      text = header.dump() + text.substr(text.find('\n'));
     }
     const std::string where = "seed " + std::to_string(seed) + "\ntrace:\n" + text + "policy: " + pj.dump();
     Trace t;
@@ -239,7 +249,10 @@ TEST_CASE("property: on random traces the books balance after every event and th
     }
     gave_up += r.gave_up;
     scaled += r.scale_changes > 0;
+    from_peers += r.restores[static_cast<size_t>(Tier::Peer)] > 0;
   }
-  MESSAGE(seeds.size() << " random traces: " << gave_up << " gave up, " << scaled << " scaled, " << failed << " broke a promise");
+  MESSAGE(seeds.size() << " random traces: " << gave_up << " gave up, " << scaled << " scaled, " << from_peers
+                       << " restored from peers, " << failed << " broke a promise");
   CHECK(failed == 0);
+  if (traces >= 300) CHECK(from_peers > 0);  // the peer tier was exercised, not only configured
 }

@@ -642,3 +642,111 @@ TEST_CASE("an operator's scale in a trace grows the world on a spare and shrinks
   for (const Event& e : again.events()) replayed += std::holds_alternative<ScaleDecided>(e.payload);
   CHECK(replayed == 2);
 }
+
+namespace {
+std::string flash_replicas(int k, const char* placement) {
+  return std::string(R"({"name":"flash+replicas","checkpoint":{"policy":"flash","every_steps":100,"persist_every":1,"replicas":)") +
+         std::to_string(k) + R"(,"placement":")" + placement + R"("}})";
+}
+// (step, tier) of every checkpoint_loaded in a log.
+std::vector<std::pair<int64_t, Tier>> loads(const MemoryStore& log) {
+  std::vector<std::pair<int64_t, Tier>> out;
+  for (const Event& e : log.events())
+    if (const auto* l = std::get_if<CheckpointLoaded>(&e.payload)) out.emplace_back(l->step, l->tier);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("replicas: a lost node's rank restores from a peer's copy, at the network's cost, with nothing older recomputed") {
+  // The slow-persist case above (storage only has step 400) with one copy of each save in the
+  // next slot's memory: 2 GB over 12.5 GB/s is 0.16 s, done long before the next save. n0 dies at
+  // 1000.5 s; slot 0's copy of step 800 is on slot 1: the relaunched node fetches it in 0.16 s.
+  Trace t = small_trace(1500 * kSecond, /*spares=*/1);
+  t.job.storage_bandwidth_bytes_per_s = 8'000'000;
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n0", t, "Faulty GPU"));
+  MemoryStore log, plain_log;
+  Simulator sim(t, policy(flash_replicas(1, "ring")), SimOptions{}, {&log});
+  Simulator plain(t, policy(kFlashEvery100), SimOptions{}, {&plain_log});
+  const JobState& s = sim.run();
+  const JobState& p = plain.run();
+  CHECK(loads(log) == std::vector<std::pair<int64_t, Tier>>{{0, Tier::None}, {800, Tier::Peer}});
+  CHECK(loads(plain_log) == std::vector<std::pair<int64_t, Tier>>{{0, Tier::None}, {400, Tier::Storage}});
+  CHECK(s.loss(Loss::CheckpointLoad) == ms(160));
+  CHECK(s.loss(Loss::Recompute) == ms(98'900));   // only since step 800, as a memory restore would
+  CHECK(p.loss(Loss::Recompute) == ms(498'900));  // since step 400
+  CHECK(s.checkpoints_replicated() >= 8);
+  CHECK(s.restores_from(Tier::Peer) == 1);
+  const Report r = make_report(s);
+  CHECK(report_json(r)["restores"]["peer"] == 1);
+  CHECK(report_text(r).find("1 from peers") != std::string::npos);
+  // Copies are made beside training: a save blocks it for the memory copy only.
+  CHECK(s.loss(Loss::CheckpointSave) == s.checkpoints_saved(Tier::Memory) * ms(200));
+  check_sums(s);
+}
+
+TEST_CASE("replicas: a failure taking a node and its copy's holder goes to storage; groups place copies so it need not") {
+  // n1 and n2 (slots 1 and 2) die together. Ring: slot 1's copy is on slot 2, gone too -> storage
+  // (step 400, the slow persist). Groups of two, {0, 1} and {2, 3}: slot 1's copy is on 0 and
+  // slot 2's on 3 -> both ranks come back from peers at step 800.
+  Trace t = small_trace(1500 * kSecond, /*spares=*/2);
+  t.job.storage_bandwidth_bytes_per_s = 8'000'000;
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n1", t, "Faulty GPU"));
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n2", t, "Faulty GPU"));
+  MemoryStore ring_log, groups_log;
+  Simulator ring(t, policy(flash_replicas(1, "ring")), SimOptions{}, {&ring_log});
+  Simulator groups(t, policy(flash_replicas(1, "groups")), SimOptions{}, {&groups_log});
+  const JobState& r = ring.run();
+  const JobState& g = groups.run();
+  CHECK(loads(ring_log).back() == std::pair<int64_t, Tier>{400, Tier::Storage});
+  CHECK(loads(groups_log).back() == std::pair<int64_t, Tier>{800, Tier::Peer});
+  CHECK(r.loss(Loss::Recompute) == ms(498'900));
+  CHECK(g.loss(Loss::Recompute) == ms(98'900));
+  // Two copies in a ring (slots 2 and 3 hold slot 1's) survive it as well.
+  MemoryStore two_log;
+  Simulator two(t, policy(flash_replicas(2, "ring")), SimOptions{}, {&two_log});
+  two.run();
+  CHECK(loads(two_log).back() == std::pair<int64_t, Tier>{800, Tier::Peer});
+  check_sums(r);
+  check_sums(g);
+}
+
+TEST_CASE("replicas: a slow network copies every other save, and a node lost mid-copy restores the newest copy that arrived") {
+  // 2 GB over 10 MB/s: a copy takes 200 s, saves come every 100.2 s (done at 100 + 100.2 j s).
+  // Copies of steps 100 (200.2 -> 400.2 s), 300 (400.6 -> 600.6 s), 500 (601.0 -> 801.0 s) arrive;
+  // step 700's (801.4 -> 1001.4 s) is under way when n0 dies at 1000.5 s. Storage has step 400.
+  Trace t = small_trace(1500 * kSecond, /*spares=*/1);
+  t.job.storage_bandwidth_bytes_per_s = 8'000'000;
+  t.job.network_bandwidth_bytes_per_s = 10'000'000;
+  t.events.push_back(failure(ms(1'000'500), TraceEventType::NodeFailure, "n0", t, "Faulty GPU"));
+  MemoryStore log;
+  Simulator sim(t, policy(flash_replicas(1, "ring")), SimOptions{}, {&log});
+  const JobState& s = sim.run();
+  // Copies are reported with the saves, in batches: three arrived before the failure, the newest 500.
+  int64_t copies = 0, newest = 0;
+  for (const Event& e : log.events())
+    if (const auto* r = std::get_if<ReplicaStored>(&e.payload); r && e.time < ms(1'000'500)) {
+      copies += r->count;
+      newest = r->step;
+    }
+  CHECK(copies == 3);
+  CHECK(newest == 500);
+  CHECK(loads(log).back() == std::pair<int64_t, Tier>{500, Tier::Peer});
+  CHECK(s.loss(Loss::CheckpointLoad) == 200 * kSecond);  // the fetch over the slow link
+  CHECK(s.loss(Loss::Recompute) == ms(398'900));
+  check_sums(s);
+}
+
+TEST_CASE("replicas: the policy refuses them on storage checkpoints and names a bad placement; goodput run refuses them for now") {
+  CHECK_THROWS_WITH_AS(policy(R"({"checkpoint":{"policy":"fixed","every_steps":10,"tier":"storage","replicas":1}})"),
+                       doctest::Contains("replicas"), PolicyError);
+  CHECK_THROWS_WITH_AS(policy(R"({"checkpoint":{"policy":"flash","every_steps":10,"replicas":1,"placement":"star"}})"),
+                       doctest::Contains("placement"), PolicyError);
+  CHECK_NOTHROW(policy(R"({"checkpoint":{"policy":"flash","every_steps":10,"replicas":0,"placement":"groups"}})"));
+  CHECK_THROWS_WITH_AS(policy(R"({"checkpoint":{"policy":"flash","every_steps":10,"replicas":65}})"),
+                       doctest::Contains("replicas"), PolicyError);
+  const Trace t = small_trace(kHour);
+  CHECK(write_trace(t).find("network_bandwidth") == std::string::npos);
+  Trace n = t;
+  n.job.network_bandwidth_bytes_per_s = 5'000'000'000;
+  CHECK(parse_trace(write_trace(n), "n.jsonl").job.network_bandwidth_bytes_per_s == 5'000'000'000);
+}

@@ -355,6 +355,10 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
     if (policies.recovery->warm_start())
       throw ConfigError(source + ": field 'recovery.warm_start' is for the simulator so far: live trainers start cold "
                                  "(the warm interpreter pool is not built yet)");
+    if (const auto c = s.policy.find("checkpoint");
+        c != s.policy.end() && c->is_object() && c->value("replicas", nlohmann::json(0)) != nlohmann::json(0))
+      throw ConfigError(source + ": field 'checkpoint.replicas' is for the simulator so far: live agents do not copy "
+                                 "their checkpoints to peers yet");
     if (policies.scaling->warm_spares() > 0)
       throw ConfigError(source + ": field 'scaling.warm_spares' is for the simulator so far: the live master keeps no "
                                  "pool of ready machines yet");

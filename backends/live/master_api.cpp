@@ -102,7 +102,7 @@ TrainerReport read_trainer(const json& t) {
   r.storage_steps = field_or<std::vector<int64_t>>(t, "storage_steps", {});
   if (const auto l = t.find("loaded"); l != t.end() && l->is_object()) {
     const auto tier = tier_from(field<std::string>(*l, "tier"));
-    if (!tier) throw BadRequest("field 'loaded.tier' must be none, memory or storage");
+    if (!tier || *tier == Tier::Peer) throw BadRequest("field 'loaded.tier' must be none, memory or storage");
     r.loaded = CheckpointLoaded{field<int64_t>(*l, "step"), *tier, field<int64_t>(*l, "ns")};
   }
   if (const auto x = t.find("exit"); x != t.end() && x->is_object()) {
