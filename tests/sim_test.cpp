@@ -346,7 +346,7 @@ TEST_CASE("Monte Carlo results do not depend on the number of threads") {
 TEST_CASE("the breakdown sums to wall time under every shipped policy on the Llama 3 trace") {
   const Trace t = load_trace(source_path("traces/llama3-405b-54d.jsonl"));
   for (const char* p : {"flash-diagnose", "restart-all", "young-daly-storage", "flash-elastic", "flash-diagnose-warm",
-                        "flash-diagnose-spares-warm"}) {
+                        "flash-diagnose-spares-warm", "flash-diagnose-spares-warm-replicas"}) {
     CAPTURE(p);
     const PolicySet ps = load_policy_file(source_path(std::string("examples/policies/") + p + ".json"));
     for (uint64_t seed : {1, 2, 3}) {
@@ -374,6 +374,24 @@ TEST_CASE("on the Llama 3 trace warm starts cut the mean restart from process_re
   CHECK(warm_mean == doctest::Approx(10).epsilon(0.05));
   CHECK(warm.productive() > cold.productive());
   check_sums(warm);
+}
+
+TEST_CASE("on the Llama 3 trace one copy in a peer turns the hardware failures' storage restores into peer restores") {
+  const Trace t = load_trace(source_path("traces/llama3-405b-54d.jsonl"));
+  const JobState plain =
+      simulate(t, load_policy_file(source_path("examples/policies/flash-diagnose-spares-warm.json")), SimOptions{4, true});
+  const JobState peers = simulate(
+      t, load_policy_file(source_path("examples/policies/flash-diagnose-spares-warm-replicas.json")), SimOptions{4, true});
+  CHECK(peers.failures() == plain.failures());
+  CHECK(plain.restores_from(Tier::Peer) == 0);
+  // Node losses relaunch a node; all but those whose holder went too (or came mid-copy) read a peer.
+  const int64_t relaunched = peers.decisions_by(RecoveryAction::RelaunchNode);
+  CHECK(peers.restores_from(Tier::Peer) > relaunched * 9 / 10);
+  CHECK(peers.restores_from(Tier::Storage) < plain.restores_from(Tier::Storage) / 10);
+  CHECK(peers.loss(Loss::CheckpointLoad) < plain.loss(Loss::CheckpointLoad) / 5);
+  CHECK(peers.loss(Loss::Recompute) < plain.loss(Loss::Recompute));
+  CHECK(peers.productive() > plain.productive());
+  check_sums(peers);
 }
 
 TEST_CASE("flash checkpoints with diagnosis beat the restart-all baseline on the Llama 3 trace") {
