@@ -285,6 +285,7 @@ class Agent {
     set("GOODPUT_TOTAL_STEPS", std::to_string(a.value("total_steps", 0)));
     l.limit_mb = a.value("memory_limit_mb", int64_t{0}) * o_.memory_permille / 1000;
     l.plain = a.value("plain", false);
+    l.warm_preload = a.value("warm_preload", std::vector<std::string>{});
     l.argv = a.value("command", std::vector<std::string>{});
     l.env = std::move(env);
     if (trainer_.start(l)) exit_reported_ = false;

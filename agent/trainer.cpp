@@ -114,41 +114,67 @@ bool TrainerProcess::start(int32_t restart, int32_t rank, int32_t world, const F
     log(name_, "the master sent no command");
     return false;
   }
-  std::vector<char*> cargv, cenv;
-  for (auto& s : argv) cargv.push_back(s.data());
-  cargv.push_back(nullptr);
-  for (auto& s : env) cenv.push_back(s.data());
-  cenv.push_back(nullptr);
-  const int fd = ::open(files.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  const int efd = ::open(files.err.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);  // its own process group: the agent stops the whole trainer tree
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // and a node that dies takes its trainer with it
-    if (::getppid() != parent) ::_exit(137);
-    if (fd >= 0) ::dup2(fd, 1);
-    if (efd >= 0) ::dup2(efd, 2);
-    if (limit_mb > 0) {
-      const rlimit lim{static_cast<rlim_t>(limit_mb) << 20, static_cast<rlim_t>(limit_mb) << 20};
-      ::setrlimit(RLIMIT_AS, &lim);
+  last_ = LastStart{argv[0], env, limit_mb};
+  pid_t pid = -1;
+  bool warm = false;
+  if (warm_.pid > 0) {
+    const pid_t warm_pid = warm_.pid;
+    const std::string why = warm_unfit(argv, env, limit_mb);
+    if (why.empty() && hand_over(argv, env, files)) {
+      pid = warm_.pid;
+      warm = true;
+      ::close(warm_.fd);
+      warm_ = Warm{};
+    } else {
+      log(name_, "warm interpreter pid " + std::to_string(warm_pid) + " not used, starting cold: " +
+                     (why.empty() ? std::string("it did not take the orders") : why));
+      // One that could not even wait (a preload that does not import) would fail the same way again.
+      if (warm_.pid < 0) {
+        log(name_, "no more warm interpreters on this node for this job");
+        preload_.clear();
+        warm_failed_ = true;
+      }
+      drop_warm();
     }
-    ::execvpe(cargv[0], cargv.data(), cenv.data());
-    const std::string msg = std::string("goodput agent: cannot run ") + cargv[0] + ": " + std::strerror(errno) + "\n";
-    (void)!::write(2, msg.data(), msg.size());
-    ::_exit(127);
   }
-  if (fd >= 0) ::close(fd);
-  if (efd >= 0) ::close(efd);
-  if (pid < 0) {
-    log(name_, std::string("fork failed: ") + std::strerror(errno));
-    return false;
+  if (!warm) {
+    std::vector<char*> cargv, cenv;
+    for (auto& s : argv) cargv.push_back(s.data());
+    cargv.push_back(nullptr);
+    for (auto& s : env) cenv.push_back(s.data());
+    cenv.push_back(nullptr);
+    const int fd = ::open(files.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    const int efd = ::open(files.err.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    const pid_t parent = ::getpid();
+    pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);  // its own process group: the agent stops the whole trainer tree
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // and a node that dies takes its trainer with it
+      if (::getppid() != parent) ::_exit(137);
+      if (fd >= 0) ::dup2(fd, 1);
+      if (efd >= 0) ::dup2(efd, 2);
+      if (limit_mb > 0) {
+        const rlimit lim{static_cast<rlim_t>(limit_mb) << 20, static_cast<rlim_t>(limit_mb) << 20};
+        ::setrlimit(RLIMIT_AS, &lim);
+      }
+      ::execvpe(cargv[0], cargv.data(), cenv.data());
+      const std::string msg = std::string("goodput agent: cannot run ") + cargv[0] + ": " + std::strerror(errno) + "\n";
+      (void)!::write(2, msg.data(), msg.size());
+      ::_exit(127);
+    }
+    if (fd >= 0) ::close(fd);
+    if (efd >= 0) ::close(efd);
+    if (pid < 0) {
+      log(name_, std::string("fork failed: ") + std::strerror(errno));
+      return false;
+    }
+    ::setpgid(pid, pid);
   }
-  ::setpgid(pid, pid);
   State t;
   t.restart = restart;
   t.files = files;
   t.pid = pid;
+  t.warm = warm;
   t.phase = "launched";  // "starting" once the trainer's first report arrives
   t.last_progress = Steady::now();
   if (plain) {  // nothing will say more: it is training from the start, from its own checkpoints
@@ -158,8 +184,140 @@ bool TrainerProcess::start(int32_t restart, int32_t rank, int32_t world, const F
   }
   t_ = std::move(t);
   log(name_, "started trainer pid " + std::to_string(pid) + " (restart " + std::to_string(restart) + ", rank " +
-                 std::to_string(rank) + "/" + std::to_string(world) + ")");
+                 std::to_string(rank) + "/" + std::to_string(world) + (warm ? ", in a warm interpreter" : "") + ")");
   return true;
+}
+
+// ---- warm starts ----------------------------------------------------------------------------------
+
+namespace {
+// Read by the interpreter or by what it imports, at start: a warm interpreter started under other
+// values would not be the process a cold start makes.
+bool import_time(std::string_view var) {
+  const std::string_view name = var.substr(0, var.find('='));
+  if (name == "PATH") return true;
+  if (name.starts_with("TORCHELASTIC_")) return false;  // per restart, read by the script
+  for (std::string_view p : {"PYTHON", "LD_", "CUDA_", "OMP_", "MKL_", "TORCH_"})
+    if (name.starts_with(p)) return true;
+  return false;
+}
+std::vector<std::string> import_time_env(const std::vector<std::string>& env) {
+  std::vector<std::string> out;
+  for (const auto& e : env)
+    if (import_time(e)) out.push_back(e);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+void TrainerProcess::set_warm(std::vector<std::string> preload) {
+  if (warm_failed_) return;  // given up on for this node (start())
+  preload_ = std::move(preload);
+  if (preload_.empty()) drop_warm();
+}
+
+void TrainerProcess::drop_warm() {
+  if (warm_.fd >= 0) ::close(warm_.fd);
+  if (warm_.pid > 0) {
+    ::kill(-warm_.pid, SIGKILL);
+    int st = 0;
+    ::waitpid(warm_.pid, &st, 0);
+  }
+  warm_ = Warm{};
+}
+
+// Why the warm interpreter cannot take this start (empty: it can).
+std::string TrainerProcess::warm_unfit(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                                       int64_t limit_mb) {
+  int st = 0;
+  if (::waitpid(warm_.pid, &st, WNOHANG) == warm_.pid) {
+    const std::string how = WIFSIGNALED(st) ? "killed by signal " + std::to_string(WTERMSIG(st))
+                                             : "code " + std::to_string(WEXITSTATUS(st));
+    const std::string why = "it exited, " + how + " (see " + work_dir_ + "/warm" + file_tag_ + ".log)";
+    warm_.pid = -1;  // reaped: nothing to kill
+    return why;
+  }
+  if (argv[0] != warm_.interpreter) return "the command's program is not " + warm_.interpreter;
+  if (argv.size() < 2 || (argv[1] == "-m" ? argv.size() < 3 : argv[1].empty() || argv[1][0] == '-'))
+    return "the command is not PYTHON SCRIPT ... or PYTHON -m MODULE ...";
+  if (limit_mb != warm_.limit_mb) return "the memory limit changed";
+  if (import_time_env(env) != import_time_env(warm_.env)) return "the environment read at interpreter start changed";
+  return "";
+}
+
+bool TrainerProcess::hand_over(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                               const Files& files) {
+  json vars = json::object();
+  for (const auto& e : env)
+    if (const auto eq = e.find('='); eq != std::string::npos) vars[e.substr(0, eq)] = e.substr(eq + 1);
+  std::error_code ec;
+  const std::string cwd = fs::current_path(ec).string();
+  const std::string order = json{{"argv", std::vector<std::string>(argv.begin() + 1, argv.end())},
+                                 {"env", vars},
+                                 {"cwd", cwd},
+                                 {"stdout", files.log},
+                                 {"stderr", files.err}}
+                                .dump(-1, ' ', false, json::error_handler_t::replace) +
+                            "\n";
+  size_t done = 0;
+  while (done < order.size()) {
+    const ssize_t n = ::write(warm_.fd, order.data() + done, order.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// An interpreter for the next restart, made like the trainer that now trains.
+void TrainerProcess::spawn_warm() {
+  if (preload_.empty() || warm_.pid > 0 || last_.interpreter.empty()) return;
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) return;
+  std::vector<std::string> argv{last_.interpreter, "-m", "goodput.warm"};
+  argv.insert(argv.end(), preload_.begin(), preload_.end());
+  std::vector<char*> cargv, cenv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  std::vector<std::string> env = last_.env;
+  for (auto& e : env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  const std::string log_path = work_dir_ + "/warm" + file_tag_ + ".log";
+  const int lfd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  const pid_t parent = ::getpid();
+  const int64_t limit_mb = last_.limit_mb;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(137);
+    ::dup2(pipefd[0], 0);
+    if (lfd >= 0) {
+      ::dup2(lfd, 1);
+      ::dup2(lfd, 2);
+    }
+    if (limit_mb > 0) {
+      const rlimit lim{static_cast<rlim_t>(limit_mb) << 20, static_cast<rlim_t>(limit_mb) << 20};
+      ::setrlimit(RLIMIT_AS, &lim);
+    }
+    ::execvpe(cargv[0], cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  ::close(pipefd[0]);
+  if (lfd >= 0) ::close(lfd);
+  if (pid < 0) {
+    ::close(pipefd[1]);
+    return;
+  }
+  ::setpgid(pid, pid);
+  warm_ = Warm{pid, pipefd[1], std::move(env), last_.interpreter, limit_mb};
+  log(name_, "warm interpreter pid " + std::to_string(pid) + " started for the next restart (preload:" +
+                 [&] {
+                   std::string s;
+                   for (const auto& m : preload_) s += " " + m;
+                   return s;
+                 }() +
+                 ")");
 }
 
 // dump: first record where the trainer's threads are, so a hang can be diagnosed
@@ -257,6 +415,8 @@ bool TrainerProcess::read_progress() {
   for (size_t nl; (nl = t_.partial_line.find('\n', start)) != std::string::npos; start = nl + 1)
     urgent |= on_progress(t_.partial_line.substr(start, nl - start));
   t_.partial_line.erase(0, start);
+  // The next restart's interpreter starts once this one trains, not beside its start-up.
+  if (!preload_.empty() && warm_.pid < 0 && running() && t_.phase == "training") spawn_warm();
   return urgent;
 }
 
@@ -301,6 +461,7 @@ bool TrainerProcess::on_progress(const std::string& line) {
 }
 
 void TrainerProcess::leave() {
+  drop_warm();
   if (!running()) return;
   ::kill(-t_.pid, SIGTERM);
   for (int i = 0; i < 100 && !reap(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -308,7 +469,7 @@ void TrainerProcess::leave() {
 }
 
 void TrainerProcess::kill_group() {
-  if (running()) ::kill(-t_.pid, SIGKILL);
+  if (running()) ::kill(-t_.pid, SIGKILL);  // a warm interpreter waits on: kill-node's agent takes it along
 }
 
 void TrainerProcess::terminate() {

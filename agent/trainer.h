@@ -24,6 +24,9 @@ class TrainerProcess {
   // persist_wanted: called when the trainer asks for a persist, and when it exits (persist on failure).
   // file_tag: added to its files' names, to tell a node's processes apart ("-l1"; "" for one process).
   TrainerProcess(std::string node_name, std::string work_dir, std::string file_tag, std::function<void()> persist_wanted);
+  ~TrainerProcess() { drop_warm(); }
+  TrainerProcess(const TrainerProcess&) = delete;
+  TrainerProcess& operator=(const TrainerProcess&) = delete;
 
   struct Files {
     std::string progress, log, err, error;  // progress reports, stdout, stderr, torchelastic error file
@@ -35,6 +38,13 @@ class TrainerProcess {
   // while it runs (never hung by silence) and as done when it exits with code 0, as torchrun judges it.
   bool start(int32_t restart, int32_t rank, int32_t world, const Files& files, std::vector<std::string> argv,
              std::vector<std::string> env, int64_t limit_mb, bool plain = false);
+  // Warm starts (the policy's recovery.warm_start): once a trainer trains, an interpreter is
+  // started for the next restart (`python3 -m goodput.warm PRELOAD...`, with that trainer's
+  // environment and memory limit, idle in its own process group); the next start() hands it the
+  // restart's orders instead of forking, when the command is `PYTHON SCRIPT ...` or `PYTHON -m
+  // MODULE ...` with the same interpreter, limit and import-time environment (PATH, PYTHON*, LD_*,
+  // CUDA_*, OMP_*, MKL_*, TORCH_*); otherwise it starts cold and says why. Empty: no warm starts.
+  void set_warm(std::vector<std::string> preload);
   // Stops it for good (SIGKILL to its process group); dump: its stacks first, to diagnose a hang.
   void stop(bool dump = false);
   // The agent is leaving: SIGTERM, up to 2 s to exit, then stop().
@@ -71,11 +81,28 @@ class TrainerProcess {
     std::vector<double> work;  // CPU seconds per step, the last kWorkWindow steps
     bool exited = false, done = false;
     bool plain = false;  // it reports no progress: judged by its process alone
+    bool warm = false;   // it runs in a warm interpreter (set_warm)
     int32_t code = 0, signal = 0;
     std::string reason;
     Steady::time_point exited_at;
     int stack_signal = 0;  // the trainer dumps its own stacks on this signal (goodput.live: SIGUSR1)
   };
+  struct Warm {
+    pid_t pid = -1;
+    int fd = -1;  // its standard input: the orders go there
+    std::vector<std::string> env;
+    std::string interpreter;
+    int64_t limit_mb = 0;
+  };
+  struct LastStart {  // what a warm interpreter for the next restart is made like
+    std::string interpreter;
+    std::vector<std::string> env;
+    int64_t limit_mb = 0;
+  };
+  void spawn_warm();
+  void drop_warm();
+  std::string warm_unfit(const std::vector<std::string>& argv, const std::vector<std::string>& env, int64_t limit_mb);
+  bool hand_over(const std::vector<std::string>& argv, const std::vector<std::string>& env, const Files& files);
   bool on_progress(const std::string& line);
   void dump_stacks(bool wake);
   void dump_native_stacks();
@@ -85,6 +112,10 @@ class TrainerProcess {
   std::string file_tag_;
   std::function<void()> persist_wanted_;
   State t_;
+  std::vector<std::string> preload_;  // warm starts: the modules a warm interpreter imports (empty: off)
+  Warm warm_;
+  bool warm_failed_ = false;  // one exited before its restart: none again
+  LastStart last_;
 };
 
 }  // namespace goodput::agent

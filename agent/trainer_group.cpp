@@ -98,6 +98,7 @@ bool TrainerGroup::start(const Launch& l) {
     if (nproc_ > 1) set_env(env, "OMP_NUM_THREADS", "1", true);  // torchrun's default for several per node
     set_env(env, "GOODPUT_PROGRESS_FILE", files.progress);
     if (replica_index) set_env(env, "GOODPUT_REPLICA_INDEX", std::to_string(*replica_index + lr));
+    p.trainer->set_warm(l.warm_preload);
     any |= p.trainer->start(l.restart, p.rank, l.world, files, l.argv, std::move(env), l.limit_mb, l.plain);
   }
   if (any) restart_ = l.restart;  // else the next "run" answer tries again

@@ -38,6 +38,7 @@ class TrainerGroup {
     std::vector<std::string> env;  // what every process gets; the per-process variables are added
     int64_t limit_mb = 0;          // each process's address-space limit
     bool plain = false;            // the trainers report no progress (TrainerProcess::start)
+    std::vector<std::string> warm_preload;  // warm starts: what a warm interpreter imports (empty: off)
     ckpt::Options checkpoint;      // the job's; rank and world are set per process
     uint64_t checkpoint_bytes = 0;  // the node's, split evenly among its processes
   };

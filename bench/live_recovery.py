@@ -15,7 +15,9 @@ Two measurements, each from real processes, real signals and the job's own recor
    whole run (the steps at one step time for all, the median of every run's, over the run's wall
    time, start-up included); each launcher's own median step time is shown beside it.
 2. --faults: the DDP example under `goodput run`, one process per node, a process restart (from
-   host memory) and a node relaunch (from storage), against the same run's cold start.
+   host memory) cold and warm (recovery.warm_start: the restart runs in an interpreter started
+   beforehand with torch imported) and a node relaunch (from storage), against the same run's cold
+   start.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/live_recovery.py [--runs 3] [--faults]
 """
@@ -196,18 +198,19 @@ def compare_torchrun(args):
                   f"{m['goodput'] / base['goodput']:.2f}x torchrun's")
 
 
-def run_faults_once(fault, tmp, i):
-
+def run_faults_once(fault, tmp, i, warm=False):
     job = json.load(open(os.path.join(ROOT, "examples/pytorch/job.json")))
-    job["policy"] = os.path.join(ROOT, "examples/pytorch/policy.json")
+    job["policy"] = json.load(open(os.path.join(ROOT, "examples/pytorch/policy.json")))
+    job["policy"]["recovery"]["warm_start"] = warm
     job["command"][1] = os.path.join(ROOT, job["command"][1])
     job["env"]["PYTHONPATH"] = os.path.join(ROOT, "build/python")
     job["total_steps"] = 160
-    spec = os.path.join(tmp, f"job-{fault}-{i}.json")
-    faults = os.path.join(tmp, f"faults-{fault}-{i}.json")
+    tag = f"{fault}-{'warm' if warm else 'cold'}-{i}"
+    spec = os.path.join(tmp, f"job-{tag}.json")
+    faults = os.path.join(tmp, f"faults-{tag}.json")
     json.dump(job, open(spec, "w"))
     json.dump([{"fault": fault, "slot": 1, "at_step": 70}], open(faults, "w"))
-    run_dir = os.path.join(tmp, f"run-{fault}-{i}")
+    run_dir = os.path.join(tmp, f"run-{tag}")
     subprocess.run([GOODPUT, "run", spec, "--run-dir", run_dir, "--faults", faults, "--quiet"],
                    check=True, capture_output=True)
     out = subprocess.run([GOODPUT, "report", os.path.join(run_dir, "events.db"), "--format", "events"],
@@ -225,8 +228,10 @@ def run_faults_once(fault, tmp, i):
 def faults_table(args):
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
-        for fault, what in (("kill-process", "process restart"), ("kill-node", "node relaunch")):
-            res = [run_faults_once(fault, tmp, i) for i in range(args.runs)]
+        # Warm: recovery.warm_start, the restart handed to an interpreter that imported torch beforehand.
+        for fault, what, warm in (("kill-process", "process restart", False), ("kill-process", "warm restart", True),
+                                  ("kill-node", "node relaunch", False)):
+            res = [run_faults_once(fault, tmp, i, warm) for i in range(args.runs)]
             med = {k: statistics.median(r[k] for r in res) for k in ("cold_start", "detection", "resumed")}
             tiers = sorted({r["tier"] for r in res})
             rows.append((what, "/".join(tiers), med))
@@ -236,6 +241,8 @@ def faults_table(args):
         print(f"{what:<16} {tier:<14} {m['detection']:>9.3f}s {m['resumed']:>14.3f}s {m['cold_start']:>10.3f}s "
               f"{m['resumed'] / m['cold_start']:>5.2f}x")
     print("(medians; ratio = kill->training over the same run's cold start)")
+    cold, warm = rows[0][2]["resumed"], rows[1][2]["resumed"]
+    print(f"warm process restart: kill->training {warm:.3f}s vs {cold:.3f}s cold ({cold / warm:.2f}x sooner)")
 
 
 def main():

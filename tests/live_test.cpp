@@ -77,8 +77,9 @@ TEST_CASE("a job spec names the file and field it rejects") {
         std::string::npos);
   CHECK(error_of("{").find("job.json: not valid JSON") != std::string::npos);
   // A policy option the live side does not have yet is refused, not silently ignored.
-  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"policy":{"recovery":{"warm_start":true}}})")
-            .find("field 'recovery.warm_start' is for the simulator so far") != std::string::npos);
+  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"preload":["torch","a b"]})").find("preload") !=
+        std::string::npos);
+  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"preload":"torch"})").find("preload") != std::string::npos);
   CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"policy":{"scaling":{"warm_spares":2}}})")
             .find("field 'scaling.warm_spares' is for the simulator so far") != std::string::npos);
   CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,
@@ -90,6 +91,13 @@ TEST_CASE("a job spec names the file and field it rejects") {
   CHECK(s.step_time == 2 * kSecond);
   CHECK(s.env.at("A") == "1");
   CHECK(s.job_started().nodes == 3);
+  CHECK_FALSE(s.warm_start);
+  CHECK(s.preload == std::vector<std::string>{"torch"});
+  // Warm starts run live: the policy's flag reaches the spec, with the modules to preload.
+  const live::JobSpec w = live::load_job_spec(write(R"({"job":"j","command":["x"],"total_steps":10,
+      "policy":{"recovery":{"warm_start":true}},"preload":["torch","numpy.linalg"]})"));
+  CHECK(w.warm_start);
+  CHECK(w.preload == std::vector<std::string>{"torch", "numpy.linalg"});
   std::filesystem::remove_all(dir);
 }
 

@@ -1,6 +1,7 @@
 #include "backends/live/job_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -321,6 +322,19 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.step_time = r.duration("step_time", s.step_time);
   if (s.step_time <= 0) r.fail("step_time", "must be positive");
   s.nproc_per_node = static_cast<int32_t>(r.integer("nproc_per_node", 1, 1, 1024));
+  if (const nlohmann::json* pre = r.child("preload")) {
+    // Module names only: they go on an interpreter's command line.
+    auto module_name = [](const nlohmann::json& m) {
+      if (!m.is_string() || m.get_ref<const std::string&>().empty()) return false;
+      const std::string& n = m.get_ref<const std::string&>();
+      if (n.size() > 200 || n.front() == '.' || n.back() == '.' || std::isdigit(static_cast<unsigned char>(n.front())))
+        return false;
+      return std::all_of(n.begin(), n.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; });
+    };
+    if (!pre->is_array() || pre->size() > 64 || !std::all_of(pre->begin(), pre->end(), module_name))
+      r.fail("preload", "must be a list of Python module names (what a warm interpreter imports; [] for none)");
+    s.preload = pre->get<std::vector<std::string>>();
+  }
   s.role = r.text("role", s.role);
   s.trainer_reports = r.boolean("trainer_reports", true);
   if (s.role.empty() || s.role.size() > 63) r.fail("role", "must be 1 to 63 characters");
@@ -352,9 +366,7 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
       throw ConfigError(source + ": " + e.what());
     }
     // What the simulator models and the live side does not do yet is refused, not silently ignored.
-    if (policies.recovery->warm_start())
-      throw ConfigError(source + ": field 'recovery.warm_start' is for the simulator so far: live trainers start cold "
-                                 "(the warm interpreter pool is not built yet)");
+    s.warm_start = policies.recovery->warm_start();
     if (const auto c = s.policy.find("checkpoint");
         c != s.policy.end() && c->is_object() && c->value("replicas", nlohmann::json(0)) != nlohmann::json(0))
       throw ConfigError(source + ": field 'checkpoint.replicas' is for the simulator so far: live agents do not copy "

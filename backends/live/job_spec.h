@@ -134,6 +134,10 @@ struct JobSpec {
   // unmodified torchrun script, judged by its processes alone: running is training, exit code 0 is
   // done, a failure restarts it (from its own checkpoints); no hang detection.
   bool trainer_reports = true;
+  // Warm starts (the policy's recovery.warm_start): the modules an interpreter started ahead of a
+  // restart imports before it is handed the trainer's script.
+  std::vector<std::string> preload = {"torch"};
+  bool warm_start = false;
   int64_t total_steps = 0;
   Duration step_time = 100 * kMillisecond;  // expected step time: the report's cost model
   int32_t accelerators_per_node = 1;  // the report's cost model; not given: nproc_per_node

@@ -270,6 +270,8 @@ json LiveMaster::run_order(const Node& n) const {
   out["persist_every"] = plan_.persist_every;
   out["total_steps"] = spec_.total_steps;
   if (!spec_.trainer_reports) out["plain"] = true;
+  // Warm starts: each agent keeps an interpreter with these imported ready for the next restart.
+  if (spec_.warm_start) out["warm_preload"] = spec_.preload;
   out["dump_stacks"] = last_failure_ && last_failure_->kind == FailureKind::Hang;  // the old trainers' stacks say where they hung
   out["job"] = spec_.job;
   out["run_id"] = run_id_;

@@ -257,6 +257,68 @@ class LiveTest(unittest.TestCase):
                                         capture_output=True, text=True, check=True).stdout)
         self.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.04, msg=(live, sim))
 
+    def test_a_warm_restart_runs_the_script_in_an_interpreter_started_beforehand_with_the_same_losses(self):
+        # recovery.warm_start: once a trainer trains, its agent starts `python3 -m goodput.warm torch`
+        # for the next restart; the kill's restart is handed to it (the same pid), and the steps it
+        # does again after the memory restore have bit-identical losses to the cold run's (the same
+        # model, optimizer and data: the interpreter imported torch and did nothing else).
+        with open(os.path.join(ROOT, "examples/pytorch/policy.json")) as f:
+            policy = json.load(f)
+        policy["recovery"]["warm_start"] = True
+        run = LiveRun(self, spec(policy=policy, checkpoint_bytes_per_node=4 << 20),
+                      [{"fault": "kill-process", "slot": 1, "at_step": 70}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
+                         [("software_error", "restart_process")])
+        restarts = of_type(ev, "restart_job")
+        self.assertEqual([r.get("warm", False) for r in restarts], [False, True], "the first start is cold")
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        killed = {j["node"]: j["name"] for j in of_type(ev, "node_joined")}[of_type(ev, "failure_observed")[0]["node"]]
+        with open(os.path.join(run.run_dir, "nodes", killed, "agent.log")) as f:
+            log = f.read()
+        warm = re.findall(r"warm interpreter pid (\d+) started for the next restart \(preload: torch\)", log)
+        self.assertTrue(warm, log[-3000:])
+        started = re.search(r"started trainer pid (\d+) \(restart 1, rank 1/2, in a warm interpreter\)", log)
+        self.assertIsNotNone(started, log[-3000:])
+        self.assertEqual(started.group(1), warm[0])
+        self.assertNotIn("not used, starting cold", log)
+        prog = run.progress()
+        loaded = [r for r in prog[(killed, 1)] if r["event"] == "loaded"][0]
+        self.assertEqual(loaded["tier"], "memory")
+        for name in {n for n, _ in prog}:
+            before, after = losses(prog[(name, 0)]), losses(prog[(name, 1)])
+            self.assertEqual(min(after), loaded["step"] + 1)
+            for s in (s for s in after if s in before):
+                self.assertEqual(before[s], after[s], f"{name} step {s}")
+            self.assertEqual(max(after), 160)
+
+    def test_a_warm_interpreter_that_cannot_take_the_restart_gives_way_to_a_cold_start(self):
+        # A preload that cannot be imported: the warm interpreter exits; the restart starts cold,
+        # says why, and the job completes as it would have.
+        with open(os.path.join(ROOT, "examples/pytorch/policy.json")) as f:
+            policy = json.load(f)
+        policy["recovery"]["warm_start"] = True
+        run = LiveRun(self, spec(policy=policy, preload=["goodput_no_such_module"]),
+                      [{"fault": "kill-process", "slot": 0, "at_step": 60}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        killed = {j["node"]: j["name"] for j in of_type(ev, "node_joined")}[of_type(ev, "failure_observed")[0]["node"]]
+        node = os.path.join(run.run_dir, "nodes", killed)
+        with open(os.path.join(node, "agent.log")) as f:
+            log = f.read()
+        self.assertRegex(log, r"warm interpreter pid \d+ not used, starting cold: it exited, code 1 \(see .*warm\.log\)")
+        self.assertIn("started trainer pid", log)
+        self.assertIn("no more warm interpreters on this node for this job", log)
+        self.assertEqual(log.count("started for the next restart"), 1, log)
+        with open(os.path.join(node, "warm.log")) as f:
+            self.assertIn("No module named 'goodput_no_such_module'", f.read())
+        # A bad preload list is refused when the spec is read.
+        bad = LiveRun(self, spec(policy=policy, preload=["torch; rm -rf /"]))
+        self.assertEqual(bad.run(timeout=60), 2, bad.stderr)
+        self.assertIn("preload", bad.stderr)
+
     def test_a_killed_parameter_server_is_restarted_and_the_workers_loss_curves_continue(self):
         # Replica groups: one parameter server (slot 0) owns the model and its Adam state, two
         # workers compute gradients; a real SIGKILL of the server's process mid-run.
