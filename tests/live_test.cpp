@@ -98,6 +98,8 @@ TEST_CASE("a job spec names the file and field it rejects") {
       "policy":{"recovery":{"warm_start":true}},"preload":["torch","numpy.linalg"]})"));
   CHECK(w.warm_start);
   CHECK(w.preload == std::vector<std::string>{"torch", "numpy.linalg"});
+  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"spares":-1})").find("spares") != std::string::npos);
+  CHECK(live::load_job_spec(write(R"({"job":"j","command":["x"],"total_steps":10,"spares":2})")).spares == 2);
   std::filesystem::remove_all(dir);
 }
 

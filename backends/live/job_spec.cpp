@@ -372,11 +372,12 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
       throw ConfigError(source + ": field 'checkpoint.replicas' is for the simulator so far: live agents do not copy "
                                  "their checkpoints to peers yet");
     if (policies.scaling->warm_spares() > 0)
-      throw ConfigError(source + ": field 'scaling.warm_spares' is for the simulator so far: the live master keeps no "
-                                 "pool of ready machines yet");
+      throw ConfigError(source + ": field 'scaling.warm_spares' is for the simulator so far: live, the job spec's "
+                                 "\"spares\" keeps that many nodes registered and idle beside the world");
   }
   s.storage_dir = r.text("storage_dir", "");
   s.data_shards = r.integer("data_shards", 0, 0, 100'000'000);
+  s.spares = static_cast<int32_t>(r.integer("spares", 0, 0, 10'000));
   s.memory_limit_mb = r.integer("memory_limit_mb", 0, 0, 1 << 30);
   s.heartbeat_interval = r.duration("heartbeat_interval", s.heartbeat_interval);
   s.heartbeat_timeout = r.duration("heartbeat_timeout", s.heartbeat_timeout);

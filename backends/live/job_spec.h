@@ -148,6 +148,9 @@ struct JobSpec {
   std::string policy_name = "default";
   std::string storage_dir;            // empty: <run dir>/checkpoints
   int64_t data_shards = 0;            // 0: no data-shard service
+  // Warm spares: nodes started beside the world, registered and idle (told to stop), each ready to
+  // take a lost node's slot at once; the relaunch that follows refills the pool.
+  int32_t spares = 0;
   int64_t memory_limit_mb = 0;        // address-space limit of each trainer (prlimit); 0: none
   Duration heartbeat_interval = 250 * kMillisecond;
   Duration heartbeat_timeout = 5 * kSecond;

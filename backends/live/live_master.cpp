@@ -52,8 +52,9 @@ LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, con
     for (auto& [id, n] : world_.nodes()) n.last_heartbeat = clock_.now();
   } else {
     master_.observe(spec_.job_started());
+    // The spares are launched for slots past the world's: they join as spares (slot -1).
     if (provider_)
-      for (int32_t i = 0; i < spec_.nodes; ++i) provider_->launch(i, 1000);
+      for (int32_t i = 0; i < spec_.nodes + spec_.spares; ++i) provider_->launch(i, 1000);
   }
 }
 

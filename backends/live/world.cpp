@@ -89,6 +89,7 @@ void World::relaunch(const RecoveryDecided& p) {
   }
   n.former_slot = n.slot;
   n.slot = -1;
+  place_spares();  // a warm spare takes the slot now; the node launched for it joins as a spare
 }
 
 void World::restarted(const RestartJob& p) {

@@ -283,6 +283,13 @@ class LiveTest(unittest.TestCase):
         self.assertIsNotNone(started, log[-3000:])
         self.assertEqual(started.group(1), warm[0])
         self.assertNotIn("not used, starting cold", log)
+        # The simulator replays the run with its measured restart times (the warm one included)
+        # and finds the live goodput, within the tolerance of the cold test above.
+        live = run.report()
+        sim = json.loads(subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json", "--policy",
+                                         os.path.join(ROOT, "examples/pytorch/policy.json")],
+                                        capture_output=True, text=True, check=True).stdout)
+        self.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.04, msg=(live, sim))
         prog = run.progress()
         loaded = [r for r in prog[(killed, 1)] if r["event"] == "loaded"][0]
         self.assertEqual(loaded["tier"], "memory")
@@ -537,6 +544,36 @@ class LiveTest(unittest.TestCase):
         self.assertGreaterEqual(assigned, 320)
         if loaded <= 40:  # the fault lands at step 70 or later
             self.assertGreater(assigned, 320, "the failure made some shards go round twice")
+
+    def test_a_lost_node_s_slot_goes_to_a_warm_spare_at_once_and_the_pool_refills(self):
+        # "spares": 1 — a third agent registers beside the world and is told to stop; when slot 0's
+        # node is killed its slot goes to the spare in the same decision, the job restarts without
+        # waiting for a machine, and the node launched in its stead joins as the next spare.
+        run = LiveRun(self, spec(spares=1, data_shards=320), [{"fault": "kill-node", "slot": 0, "at_step": 70}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
+                         [("hardware_error", "relaunch_node")])
+        joins = [e for e in ev if e["type"] == "node_joined"]
+        self.assertEqual(sorted(j["data"]["slot"] for j in joins[:3]), [-1, 0, 1], "two ranks and a spare")
+        spare = [j["data"] for j in joins[:3] if j["data"]["slot"] == -1][0]
+        self.assertEqual(len(joins), 4, joins)
+        self.assertEqual(joins[3]["data"]["slot"], -1, "the replacement refills the pool")
+        decided = [e for e in ev if e["type"] == "recovery_decided"][0]
+        restart = [e for e in ev if e["type"] == "restart_job" and e["seq"] > decided["seq"]][0]
+        self.assertLess(restart["seq"], joins[3]["seq"], "the restart did not wait for the new machine")
+        self.assertEqual(of_type(ev, "no_spare_node"), [])
+        # The spare trained as the lost node's rank, from the storage checkpoint, and the dataset
+        # was trained exactly once.
+        prog = run.progress()
+        self.assertIn((spare["name"], 1), prog, sorted(prog))
+        self.assertNotIn((spare["name"], 0), prog, "the spare ran no trainer before it took the slot")
+        self.assertEqual(of_type(ev, "checkpoint_loaded")[1]["tier"], "storage")
+        self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+        replay = subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json", "--policy",
+                                 os.path.join(ROOT, "examples/pytorch/policy.json")], capture_output=True, text=True)
+        self.assertEqual(replay.returncode, 0, replay.stderr)  # the log of a run with spares replays
 
     def test_oom_relaunches_with_more_memory_and_a_hang_is_detected(self):
         run = LiveRun(self, spec(total_steps=200, command=spec()["command"] + ["--oom-mb", "64"]),
