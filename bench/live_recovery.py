@@ -16,8 +16,8 @@ Two measurements, each from real processes, real signals and the job's own recor
    time, start-up included); each launcher's own median step time is shown beside it.
 2. --faults: the DDP example under `goodput run`, one process per node, a process restart (from
    host memory) cold and warm (recovery.warm_start: the restart runs in an interpreter started
-   beforehand with torch imported) and a node relaunch (from storage), against the same run's cold
-   start.
+   beforehand with torch imported) and a node relaunch (from storage) onto a new node and onto a
+   warm spare ("spares": 1), against the same run's cold start.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/live_recovery.py [--runs 3] [--faults]
 """
@@ -198,14 +198,15 @@ def compare_torchrun(args):
                   f"{m['goodput'] / base['goodput']:.2f}x torchrun's")
 
 
-def run_faults_once(fault, tmp, i, warm=False):
+def run_faults_once(fault, tmp, i, warm=False, spares=0):
     job = json.load(open(os.path.join(ROOT, "examples/pytorch/job.json")))
     job["policy"] = json.load(open(os.path.join(ROOT, "examples/pytorch/policy.json")))
     job["policy"]["recovery"]["warm_start"] = warm
+    job["spares"] = spares
     job["command"][1] = os.path.join(ROOT, job["command"][1])
     job["env"]["PYTHONPATH"] = os.path.join(ROOT, "build/python")
     job["total_steps"] = 160
-    tag = f"{fault}-{'warm' if warm else 'cold'}-{i}"
+    tag = f"{fault}-{'warm' if warm else 'cold'}-{spares}-{i}"
     spec = os.path.join(tmp, f"job-{tag}.json")
     faults = os.path.join(tmp, f"faults-{tag}.json")
     json.dump(job, open(spec, "w"))
@@ -229,9 +230,12 @@ def faults_table(args):
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         # Warm: recovery.warm_start, the restart handed to an interpreter that imported torch beforehand.
-        for fault, what, warm in (("kill-process", "process restart", False), ("kill-process", "warm restart", True),
-                                  ("kill-node", "node relaunch", False)):
-            res = [run_faults_once(fault, tmp, i, warm) for i in range(args.runs)]
+        # Spare: "spares": 1 in the job spec, a node registered and idle that takes the lost slot.
+        for fault, what, warm, spares in (("kill-process", "process restart", False, 0),
+                                          ("kill-process", "warm restart", True, 0),
+                                          ("kill-node", "node relaunch", False, 0),
+                                          ("kill-node", "warm spare", False, 1)):
+            res = [run_faults_once(fault, tmp, i, warm, spares) for i in range(args.runs)]
             med = {k: statistics.median(r[k] for r in res) for k in ("cold_start", "detection", "resumed")}
             tiers = sorted({r["tier"] for r in res})
             rows.append((what, "/".join(tiers), med))
@@ -243,6 +247,9 @@ def faults_table(args):
     print("(medians; ratio = kill->training over the same run's cold start)")
     cold, warm = rows[0][2]["resumed"], rows[1][2]["resumed"]
     print(f"warm process restart: kill->training {warm:.3f}s vs {cold:.3f}s cold ({cold / warm:.2f}x sooner)")
+    relaunch, spare = rows[2][2]["resumed"], rows[3][2]["resumed"]
+    print(f"node relaunch onto a warm spare: kill->training {spare:.3f}s vs {relaunch:.3f}s launching a node "
+          f"({relaunch / spare:.2f}x sooner)")
 
 
 def main():
