@@ -62,7 +62,7 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
             t.job.storage_bandwidth_bytes_per_s = std::max<int64_t>(1, p.storage_bandwidth_bytes_per_s);
             if (p.network_bandwidth_bytes_per_s > 0) t.job.network_bandwidth_bytes_per_s = p.network_bandwidth_bytes_per_s;
           } else if constexpr (std::is_same_v<T, NodeJoined>) {
-            if (!first_world_done) {
+            if (!first_world_done && p.slot >= 0) {
               initial_slot[p.node] = p.slot;
               scheduling.push_back(e.time - start);
             } else if (!initial_slot.count(p.node) && std::find(later.begin(), later.end(), p.node) == later.end()) {
@@ -168,7 +168,8 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
         e.payload);
   });
   if (!started) throw TraceError(name + ": the log has no job_started event");
-  // Machines: the first world's nodes by slot, then every node that joined later, as spares.
+  // Machines: the first world's nodes by slot, then every node that joined later or as a spare
+  // (slot -1: the job spec's spares), as spares.
   for (const auto& [node, slot] : initial_slot) machine[node] = slot;
   t.cluster.spare_nodes = static_cast<int32_t>(later.size());
   for (size_t i = 0; i < later.size(); ++i) machine[later[i]] = t.cluster.nodes + static_cast<int32_t>(i);

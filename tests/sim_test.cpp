@@ -768,3 +768,35 @@ TEST_CASE("replicas: the policy refuses them on storage checkpoints and names a 
   n.job.network_bandwidth_bytes_per_s = 5'000'000'000;
   CHECK(parse_trace(write_trace(n), "n.jsonl").job.network_bandwidth_bytes_per_s == 5'000'000'000);
 }
+
+TEST_CASE("a live log whose first world had a spare (slot -1) replays it as a spare machine, not as machine -1") {
+  // Two ranks and a spare join; the spare later takes slot 0 and its machine fails: the failure
+  // must land on a real machine of the replay (the spare's), not be lost or put on an index of -1.
+  MemoryStore log;
+  Time t = 0;
+  uint64_t seq = 0;
+  auto add = [&](Duration dt, EventPayload p) { log.append(Event{++seq, t += dt, std::move(p)}); };
+  add(0, JobStarted{"j", 2, 8, kSecond, 0, 2'000'000'000, 10'000'000'000, 1'000'000'000, "p"});
+  add(kSecond, NodeJoined{0, 0, "local-0", ""});
+  add(0, NodeJoined{1, 1, "local-1", ""});
+  add(0, NodeJoined{2, -1, "local-2", ""});
+  add(0, RestartJob{2, 0, 0, 0, Tier::None});
+  add(30 * kSecond, ProcessesStarted{2, 0});
+  add(10 * kSecond, RendezvousComplete{2, 0});
+  add(0, CheckpointLoaded{0, Tier::None, 0});
+  add(100 * kSecond, FailureObserved{0, FailureKind::NodeLost, 0, 0, "gone", t + 70 * kSecond});
+  add(0, RecoveryDecided{0, Diagnosis::HardwareError, RecoveryAction::RelaunchNode, 1, 0, 1000, "hw"});
+  add(0, RestartJob{2, 1, 0, 0, Tier::None});
+  add(30 * kSecond, ProcessesStarted{2, 1});
+  add(10 * kSecond, RendezvousComplete{2, 1});
+  add(0, CheckpointLoaded{0, Tier::None, 0});
+  add(100 * kSecond, FailureObserved{2, FailureKind::NodeLost, 0, 0, "the spare's machine", t + 70 * kSecond});
+  add(60 * kSecond, JobFinished{"stopped", 0});
+  const Trace back = trace_from_log(log, "log");
+  CHECK(back.cluster.nodes == 2);
+  CHECK(back.cluster.spare_nodes == 1);
+  REQUIRE(back.events.size() == 2);
+  CHECK(back.events[0].node == 0);
+  CHECK(back.events[1].node == 2);  // the spare: the machine after the two ranks'
+  check_sums(Simulator(back, policy(kFlashEvery100), SimOptions{}).run());
+}
