@@ -85,6 +85,38 @@ bool process_stopped(pid_t pid) {
   return close != std::string::npos && close + 2 < s.size() && s[close + 2] == 'T';
 }
 
+// A trainer-like child: its own process group (the agent stops the whole tree), killed with the
+// agent, stdin/stdout/stderr from the given descriptors (-1: left as they are), under an
+// address-space limit (0: none). Returns its pid, or -1 if fork failed.
+pid_t fork_exec(std::vector<std::string> argv, std::vector<std::string> env, int in, int out, int err,
+                int64_t limit_mb) {
+  std::vector<char*> cargv, cenv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  for (auto& e : env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a node that dies takes its trainers with it
+    if (::getppid() != parent) ::_exit(137);
+    if (in >= 0) ::dup2(in, 0);
+    if (out >= 0) ::dup2(out, 1);
+    if (err >= 0) ::dup2(err, 2);
+    if (limit_mb > 0) {
+      const rlimit lim{static_cast<rlim_t>(limit_mb) << 20, static_cast<rlim_t>(limit_mb) << 20};
+      ::setrlimit(RLIMIT_AS, &lim);
+    }
+    ::execvpe(cargv[0], cargv.data(), cenv.data());
+    const std::string msg = std::string("goodput agent: cannot run ") + cargv[0] + ": " + std::strerror(errno) + "\n";
+    (void)!::write(2, msg.data(), msg.size());
+    ::_exit(127);
+  }
+  if (pid > 0) ::setpgid(pid, pid);
+  return pid;
+}
+
 int64_t vm_size_bytes(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(in, line);)
@@ -131,44 +163,21 @@ bool TrainerProcess::start(int32_t restart, int32_t rank, int32_t world, const F
       // One that could not even wait (a preload that does not import) would fail the same way again.
       if (warm_.pid < 0) {
         log(name_, "no more warm interpreters on this node for this job");
-        preload_.clear();
         warm_failed_ = true;
       }
       drop_warm();
     }
   }
   if (!warm) {
-    std::vector<char*> cargv, cenv;
-    for (auto& s : argv) cargv.push_back(s.data());
-    cargv.push_back(nullptr);
-    for (auto& s : env) cenv.push_back(s.data());
-    cenv.push_back(nullptr);
     const int fd = ::open(files.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     const int efd = ::open(files.err.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    const pid_t parent = ::getpid();
-    pid = ::fork();
-    if (pid == 0) {
-      ::setpgid(0, 0);  // its own process group: the agent stops the whole trainer tree
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // and a node that dies takes its trainer with it
-      if (::getppid() != parent) ::_exit(137);
-      if (fd >= 0) ::dup2(fd, 1);
-      if (efd >= 0) ::dup2(efd, 2);
-      if (limit_mb > 0) {
-        const rlimit lim{static_cast<rlim_t>(limit_mb) << 20, static_cast<rlim_t>(limit_mb) << 20};
-        ::setrlimit(RLIMIT_AS, &lim);
-      }
-      ::execvpe(cargv[0], cargv.data(), cenv.data());
-      const std::string msg = std::string("goodput agent: cannot run ") + cargv[0] + ": " + std::strerror(errno) + "\n";
-      (void)!::write(2, msg.data(), msg.size());
-      ::_exit(127);
-    }
+    pid = fork_exec(std::move(argv), std::move(env), -1, fd, efd, limit_mb);
     if (fd >= 0) ::close(fd);
     if (efd >= 0) ::close(efd);
     if (pid < 0) {
       log(name_, std::string("fork failed: ") + std::strerror(errno));
       return false;
     }
-    ::setpgid(pid, pid);
   }
   State t;
   t.restart = restart;
@@ -211,7 +220,6 @@ std::vector<std::string> import_time_env(const std::vector<std::string>& env) {
 }  // namespace
 
 void TrainerProcess::set_warm(std::vector<std::string> preload) {
-  if (warm_failed_) return;  // given up on for this node (start())
   preload_ = std::move(preload);
   if (preload_.empty()) drop_warm();
 }
@@ -237,11 +245,11 @@ std::string TrainerProcess::warm_unfit(const std::vector<std::string>& argv, con
     warm_.pid = -1;  // reaped: nothing to kill
     return why;
   }
-  if (argv[0] != warm_.interpreter) return "the command's program is not " + warm_.interpreter;
+  if (argv[0] != warm_.like.interpreter) return "the command's program is not " + warm_.like.interpreter;
   if (argv.size() < 2 || (argv[1] == "-m" ? argv.size() < 3 : argv[1].empty() || argv[1][0] == '-'))
     return "the command is not PYTHON SCRIPT ... or PYTHON -m MODULE ...";
-  if (limit_mb != warm_.limit_mb) return "the memory limit changed";
-  if (import_time_env(env) != import_time_env(warm_.env)) return "the environment read at interpreter start changed";
+  if (limit_mb != warm_.like.limit_mb) return "the memory limit changed";
+  if (import_time_env(env) != import_time_env(warm_.like.env)) return "the environment read at interpreter start changed";
   return "";
 }
 
@@ -271,53 +279,23 @@ bool TrainerProcess::hand_over(const std::vector<std::string>& argv, const std::
 
 // An interpreter for the next restart, made like the trainer that now trains.
 void TrainerProcess::spawn_warm() {
-  if (preload_.empty() || warm_.pid > 0 || last_.interpreter.empty()) return;
+  if (preload_.empty() || warm_failed_ || warm_.pid > 0 || last_.interpreter.empty()) return;
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return;
   std::vector<std::string> argv{last_.interpreter, "-m", "goodput.warm"};
   argv.insert(argv.end(), preload_.begin(), preload_.end());
-  std::vector<char*> cargv, cenv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  std::vector<std::string> env = last_.env;
-  for (auto& e : env) cenv.push_back(e.data());
-  cenv.push_back(nullptr);
-  const std::string log_path = work_dir_ + "/warm" + file_tag_ + ".log";
-  const int lfd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  const pid_t parent = ::getpid();
-  const int64_t limit_mb = last_.limit_mb;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(137);
-    ::dup2(pipefd[0], 0);
-    if (lfd >= 0) {
-      ::dup2(lfd, 1);
-      ::dup2(lfd, 2);
-    }
-    if (limit_mb > 0) {
-      const rlimit lim{static_cast<rlim_t>(limit_mb) << 20, static_cast<rlim_t>(limit_mb) << 20};
-      ::setrlimit(RLIMIT_AS, &lim);
-    }
-    ::execvpe(cargv[0], cargv.data(), cenv.data());
-    ::_exit(127);
-  }
+  const int lfd = ::open((work_dir_ + "/warm" + file_tag_ + ".log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  const pid_t pid = fork_exec(argv, last_.env, pipefd[0], lfd, lfd, last_.limit_mb);
   ::close(pipefd[0]);
   if (lfd >= 0) ::close(lfd);
   if (pid < 0) {
     ::close(pipefd[1]);
     return;
   }
-  ::setpgid(pid, pid);
-  warm_ = Warm{pid, pipefd[1], std::move(env), last_.interpreter, limit_mb};
-  log(name_, "warm interpreter pid " + std::to_string(pid) + " started for the next restart (preload:" +
-                 [&] {
-                   std::string s;
-                   for (const auto& m : preload_) s += " " + m;
-                   return s;
-                 }() +
-                 ")");
+  warm_ = Warm{pid, pipefd[1], last_};
+  std::string modules;
+  for (const auto& m : preload_) modules += " " + m;
+  log(name_, "warm interpreter pid " + std::to_string(pid) + " started for the next restart (preload:" + modules + ")");
 }
 
 // dump: first record where the trainer's threads are, so a hang can be diagnosed
@@ -416,7 +394,7 @@ bool TrainerProcess::read_progress() {
     urgent |= on_progress(t_.partial_line.substr(start, nl - start));
   t_.partial_line.erase(0, start);
   // The next restart's interpreter starts once this one trains, not beside its start-up.
-  if (!preload_.empty() && warm_.pid < 0 && running() && t_.phase == "training") spawn_warm();
+  if (warm_.pid < 0 && running() && t_.phase == "training") spawn_warm();
   return urgent;
 }
 

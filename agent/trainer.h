@@ -87,17 +87,15 @@ class TrainerProcess {
     Steady::time_point exited_at;
     int stack_signal = 0;  // the trainer dumps its own stacks on this signal (goodput.live: SIGUSR1)
   };
-  struct Warm {
-    pid_t pid = -1;
-    int fd = -1;  // its standard input: the orders go there
-    std::vector<std::string> env;
-    std::string interpreter;
-    int64_t limit_mb = 0;
-  };
   struct LastStart {  // what a warm interpreter for the next restart is made like
     std::string interpreter;
     std::vector<std::string> env;
     int64_t limit_mb = 0;
+  };
+  struct Warm {
+    pid_t pid = -1;
+    int fd = -1;     // its standard input: the orders go there
+    LastStart like;  // the start it was made like
   };
   void spawn_warm();
   void drop_warm();

@@ -3,11 +3,10 @@
 // and the live master consult the same object; the real bytes live in the flash-checkpoint library.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <set>
-
-#include <algorithm>
 
 #include "engine/event.h"
 
@@ -17,7 +16,6 @@ struct CheckpointCosts {
   int64_t bytes_per_node = 0;
   int64_t memory_bandwidth_bytes_per_s = 0;
   int64_t storage_bandwidth_bytes_per_s = 0;
-
   int64_t network_bandwidth_bytes_per_s = 0;
 
   static CheckpointCosts from(const JobStarted& job) {
@@ -97,7 +95,6 @@ class CheckpointManager {
   // copies it held for other slots go with the machine.
   void on_memory_persisted_on_exit(int32_t slot) {
     if (memory_.valid && (!storage_.valid || storage_.step < memory_.step)) storage_ = memory_;
-    memory_.valid = false;
     on_node_lost(slot);
   }
   // The world restored `step` from `tier`: a peer restore puts that step back in every node's

@@ -35,6 +35,8 @@ class CheckpointPolicy {
   virtual ~CheckpointPolicy() = default;
   // Called after every event the master sees; a new plan when the plan should change.
   virtual std::optional<CheckpointPlanSet> plan(const JobState& state, const EventPayload& event) const = 0;
+  // Copies of each memory checkpoint kept in other nodes' host memory (checkpoint.replicas).
+  virtual int32_t replicas() const { return 0; }
 };
 
 class ScalingPolicy {

@@ -245,6 +245,7 @@ class FixedCheckpoint final : public CheckpointPolicy {
                                 : "fixed: every " + format_duration(interval_) + " of training";
     return p;
   }
+  int32_t replicas() const override { return shape_.replicas; }
 
  private:
   PlanShape shape_;
@@ -284,6 +285,7 @@ class YoungDalyCheckpoint final : public CheckpointPolicy {
                format_duration(iv) + " (Daly's higher-order optimum)";
     return p;
   }
+  int32_t replicas() const override { return shape_.replicas; }
 
  private:
   PlanShape shape_;

@@ -367,8 +367,7 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
     }
     // What the simulator models and the live side does not do yet is refused, not silently ignored.
     s.warm_start = policies.recovery->warm_start();
-    if (const auto c = s.policy.find("checkpoint");
-        c != s.policy.end() && c->is_object() && c->value("replicas", nlohmann::json(0)) != nlohmann::json(0))
+    if (policies.checkpoint->replicas() > 0)
       throw ConfigError(source + ": field 'checkpoint.replicas' is for the simulator so far: live agents do not copy "
                                  "their checkpoints to peers yet");
     if (policies.scaling->warm_spares() > 0)

@@ -55,13 +55,13 @@ bool NodeChecks::active(const World& world, NodeId id) const {
 
 bool NodeChecks::pending(const World& world) const {
   if (!on()) return false;
-  if (pending_ && std::get<0>(*pending_) == world.epoch() && std::get<1>(*pending_) == changes_) return std::get<2>(*pending_);
+  if (pending_ && pending_->epoch == world.epoch() && pending_->changes == changes_) return pending_->pending;
   bool any = false;
   for (int32_t s = 0; s < world.size() && !any; ++s)
     if (const Node* n = world.holder(s); n && !n->gone)
       if (const auto it = nodes_.find(n->id); it != nodes_.end() && it->second.wanted && it->second.verdict.empty())
         any = true;
-  pending_.emplace(world.epoch(), changes_, any);
+  pending_ = PendingMemo{world.epoch(), changes_, any};
   return any;
 }
 

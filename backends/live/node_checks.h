@@ -19,7 +19,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -112,7 +111,12 @@ class NodeChecks {
   std::vector<NodeId> members_;
   std::vector<NodeId> suspects_;        // of the round judged last
   uint64_t changes_ = 0;                // of a node's wish to be checked or its verdict
-  mutable std::optional<std::tuple<uint64_t, uint64_t, bool>> pending_;  // world epoch, changes_, the answer
+  struct PendingMemo {
+    uint64_t epoch = 0;    // the world's, when it was worked out
+    uint64_t changes = 0;  // changes_, then
+    bool pending = false;
+  };
+  mutable std::optional<PendingMemo> pending_;
   std::map<std::string, int64_t> verdict_counts_;  // node_checked events by verdict, for /metrics
 };
 
