@@ -21,6 +21,7 @@
 #include "agent/checkpoint_host.h"
 #include "agent/node_check.h"
 #include "agent/program.h"
+#include "agent/replica.h"
 #include "agent/trainer_group.h"
 #include "net/http.h"
 
@@ -65,6 +66,11 @@ class Agent {
     } catch (const std::exception& e) {
       log(o_.name, e.what());
     }
+    try {  // peers' checkpoint copies come here; without it this node holds none (the master sees no port)
+      replicas_ = std::make_unique<ReplicaServer>(o_.token, o_.name);
+    } catch (const std::exception& e) {
+      log(o_.name, std::string("no replica server: ") + e.what());
+    }
     if (!register_node()) return 1;
     auto next_beat = Steady::now();
     while (true) {
@@ -77,6 +83,7 @@ class Agent {
       }
       bool urgent = trainer_.reap();
       urgent |= trainer_.read_progress();
+      urgent |= finish_fetch();
       if (urgent || Steady::now() >= next_beat) {
         const auto r = beat();
         next_beat = Steady::now() + interval_;
@@ -120,6 +127,7 @@ class Agent {
       if (o_.slot >= 0) body["slot"] = o_.slot;
       if (probe_server_) body["check_port"] = probe_server_->port();
       body["rdzv_port"] = rdzv_port_;
+      if (replicas_) body["replica_port"] = replicas_->port();
       auto r = call("/v1/register", body, &status);
       if (r && status == 200) {
         node_ = r->value("node", -1);
@@ -146,16 +154,26 @@ class Agent {
     out["rdzv_port"] = rdzv_port_;
     if (const std::string e = trainer_.persist_error(); !e.empty()) out["persist_error"] = e.substr(0, 1000);
     if (!o_.host.empty()) out["host"] = o_.host;  // a master resumed from its log learns it again
+    if (replicas_) {
+      out["replica_port"] = replicas_->port();
+      json held = json::array();
+      for (const HeldReplica& h : replicas_->held()) held.push_back({h.rank, h.step});
+      out["held"] = std::move(held);
+    }
+    if (const std::string e = trainer_.replica_error(); !e.empty()) out["replica_error"] = e.substr(0, 1000);
+    if (!fetch_error_.empty()) out["fetch_error"] = fetch_error_.substr(0, 2000);
     return out;
   }
 
   Beat beat() {
     int code = 0;
-    auto r = call(trainer_.exited() && !exit_reported_ ? "/v1/exit" : "/v1/heartbeat", status(), &code);
+    const json report = status();
+    auto r = call(trainer_.exited() && !exit_reported_ ? "/v1/exit" : "/v1/heartbeat", report, &code);
     if (!r) return Beat::Unreachable;
     if (code == 404) return Beat::Unknown;
     if (code != 200) return Beat::Unreachable;
     if (trainer_.exited()) exit_reported_ = true;
+    if (report.contains("fetch_error")) fetch_error_.clear();  // said once
     const json& a = *r;
     if (a.contains("inject"))
       for (const auto& f : a["inject"]) inject(f.get<std::string>());
@@ -166,6 +184,7 @@ class Agent {
       collective_env_ = a["check_collective"].value("env", std::vector<std::string>{});
       probe_server_->set_collective(collective_argv_, collective_env_);
     }
+    if (fetch_ && (action != "run" || a.value("restart", 0) != fetch_->restart)) fetch_->cancelled = true;
     if (action == "check") {
       trainer_.stop();
       start_check(a.value("check", json::object()));
@@ -173,12 +192,26 @@ class Agent {
       trainer_.stop();
     } else if (action == "run") {
       const int32_t restart = a.value("restart", 0);
-      if (restart != trainer_.restart()) {
+      if (restart != trainer_.restart() && !fetch_) {
         trainer_.stop(a.value("dump_stacks", false));
         start_trainer(a);
       }
+      replicate_to(a.value("replicate", json()));
     }
     return Beat::Ok;
+  }
+
+  // Where this node's checkpoint copies go (the run order's "replicate"; none: nowhere).
+  void replicate_to(const json& r) {
+    CheckpointHost::Replication rep;
+    if (r.is_object()) {
+      rep.key = r.value("key", std::string());
+      rep.token = o_.token;
+      rep.bytes_per_s = r.value("bytes_per_s", 0.0);
+      for (const json& h : r.value("holders", json::array()))
+        rep.holders.emplace_back(h.value("host", std::string("127.0.0.1")), h.value("port", uint16_t{0}));
+    }
+    trainer_.replicate_to(rep);
   }
 
   // The master's pre-flight check of this node: run it in the background (heartbeats go on) and
@@ -226,6 +259,10 @@ class Agent {
 
   void inject(const std::string& fault) {
     log(o_.name, "injecting " + fault);
+    if (fault == "corrupt-replica") {  // the copies this node holds for its peers go bad
+      log(o_.name, "spoiled " + std::to_string(replicas_ ? replicas_->corrupt() : 0) + " checkpoint copies held for peers");
+      return;
+    }
     if (fault == "kill-node") {  // the whole node: its trainers' process groups, and this agent
       trainer_.kill_group();
       ::kill(::getpid(), SIGKILL);
@@ -288,7 +325,90 @@ class Agent {
     l.warm_preload = a.value("warm_preload", std::vector<std::string>{});
     l.argv = a.value("command", std::vector<std::string>{});
     l.env = std::move(env);
+    if (a.value("restore_tier", std::string()) == "peer") {
+      // The world restores a step whose copies peers hold: fetch this node's ranks' copies into
+      // its own memory first (a relaunched node has none), then start the trainers.
+      start_fetch(l, a.value("restore_step", int64_t{0}), a.value("replicate", json()));
+      return;
+    }
     if (trainer_.start(l)) exit_reported_ = false;
+  }
+
+  struct Fetch {
+    int32_t restart = 0;
+    int64_t step = 0;
+    TrainerGroup::Launch launch;
+    std::future<std::pair<int, std::string>> done;  // ranks fetched; why some could not be
+    bool cancelled = false;                          // the master moved on meanwhile
+  };
+
+  void start_fetch(const TrainerGroup::Launch& l, int64_t step, const json& replicate) {
+    struct Holder {
+      std::string name, host;
+      uint16_t port;
+    };
+    std::vector<Holder> holders;
+    std::string key;
+    if (replicate.is_object()) {
+      key = replicate.value("key", std::string());
+      for (const json& h : replicate.value("holders", json::array()))
+        holders.push_back({h.value("name", std::string()), h.value("host", std::string("127.0.0.1")), h.value("port", uint16_t{0})});
+    }
+    fetch_.emplace();
+    fetch_->restart = l.restart;
+    fetch_->step = step;
+    fetch_->launch = l;
+    fetch_->done = std::async(std::launch::async, [l, step, holders, key, token = o_.token, name = o_.name] {
+      int fetched = 0;
+      std::string errors;
+      for (int32_t i = 0; i < l.nproc; ++i) {
+        const int32_t rank = l.rank_base + i;
+        std::string why;
+        try {
+          ckpt::Options co = l.checkpoint;
+          co.rank = rank;
+          co.world_size = l.world;
+          ckpt::FlashCheckpoint dest(co);
+          const auto have = dest.memory_steps();
+          if (std::find(have.begin(), have.end(), step) != have.end()) continue;  // its own memory has it
+          for (const Holder& h : holders) {
+            try {
+              const ReplicaTransfer t = fetch_replica(dest, key, step, h.host, h.port, token, std::chrono::seconds(30));
+              log(name, "fetched rank " + std::to_string(rank) + "'s step " + std::to_string(step) + " from " + h.name + " (" +
+                            std::to_string(t.bytes >> 10) + " KiB in " + std::to_string(t.seconds) + " s)");
+              why.clear();
+              ++fetched;
+              break;
+            } catch (const std::exception& e) {
+              why += (why.empty() ? "" : "; ") + (h.name.empty() ? h.host : h.name) + ": " + e.what();
+            }
+          }
+          if (holders.empty()) why = "no holder of its copies is left";
+        } catch (const std::exception& e) {
+          why = e.what();
+        }
+        if (!why.empty()) errors += (errors.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank) + ": " + why;
+      }
+      if (!errors.empty()) {
+        errors = "could not fetch step " + std::to_string(step) + " from peers (" + errors + "): restoring from storage";
+        log(name, errors);
+      }
+      return std::make_pair(fetched, errors);
+    });
+  }
+
+  // A fetch that finished: its trainers start now (unless the master moved on). True when it did.
+  bool finish_fetch() {
+    if (!fetch_ || fetch_->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    auto [fetched, error] = fetch_->done.get();
+    fetch_error_ = error;
+    TrainerGroup::Launch l = std::move(fetch_->launch);
+    // The trainers say "peer" for a restore of the copies fetched (goodput.live).
+    if (fetched > 0 && error.empty()) l.env.push_back("GOODPUT_PEER_STEP=" + std::to_string(fetch_->step));
+    const bool cancelled = fetch_->cancelled;
+    fetch_.reset();
+    if (!cancelled && trainer_.start(l)) exit_reported_ = false;
+    return true;
   }
 
   // Stops the trainer, lets a running persist finish, and frees this node's host memory: nobody
@@ -296,6 +416,7 @@ class Agent {
   int leave(int rc) {
     trainer_.leave();
     trainer_.drain_and_free();
+    if (replicas_) replicas_->remove_all();
     log(o_.name, "leaving");
     return rc;
   }
@@ -308,6 +429,9 @@ class Agent {
   bool exit_reported_ = false;
   Steady::time_point last_contact_ = Steady::now();
   std::unique_ptr<LinkProbeServer> probe_server_;
+  std::unique_ptr<ReplicaServer> replicas_;
+  std::optional<Fetch> fetch_;  // a restart waiting for its ranks' copies from peers
+  std::string fetch_error_;     // why the newest fetch failed, until a heartbeat said so
   uint16_t rdzv_port_ = free_tcp_port();  // offered for the rendezvous store when this node is rank 0
   int64_t check_id_ = 0;  // the newest check round the master asked for
   std::vector<std::string> collective_argv_, collective_env_;  // the collective probe's program

@@ -61,4 +61,50 @@ void CheckpointHost::loop() {
   }
 }
 
+void CheckpointHost::replicate_loop() {
+  std::unique_lock lock(mu_);
+  std::shared_ptr<ckpt::FlashCheckpoint> source;  // our own: newest_copy keeps a buffer per object
+  std::optional<ckpt::Options> source_options;
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || (replicate_wanted_ && options_ && !replication_.holders.empty()); });
+    if (stop_) return;
+    replicate_wanted_ = false;
+    const Replication r = replication_;
+    if (!source || source_options->rank != options_->rank || source_options->shm_prefix != options_->shm_prefix ||
+        source_options->world_size != options_->world_size) {
+      source_options = options_;
+      source = std::make_shared<ckpt::FlashCheckpoint>(*options_);
+    }
+    const std::shared_ptr<ckpt::FlashCheckpoint> held = source;
+    lock.unlock();
+    std::string error;
+    std::vector<std::pair<std::pair<std::string, uint16_t>, int64_t>> took;
+    try {
+      if (const std::optional<ckpt::Loaded> image = held->newest_copy()) {
+        for (const auto& h : r.holders) {
+          {
+            std::lock_guard check(mu_);
+            if (auto it = sent_.find(h); it != sent_.end() && it->second >= image->manifest.step) continue;
+          }
+          try {
+            send_replica(*image, r.key, h.first, h.second, r.token, r.bytes_per_s, std::chrono::seconds(30));
+            took.emplace_back(h, image->manifest.step);
+          } catch (const std::exception& e) {
+            error = "copy of step " + std::to_string(image->manifest.step) + " to " + h.first + ":" +
+                    std::to_string(h.second) + ": " + e.what();
+            std::cerr << "agent: replica " << error << std::endl;
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      error = std::string("replica: ") + e.what();
+      std::cerr << "agent: " << error << std::endl;
+    }
+    lock.lock();
+    if (held == source && source_options && options_ && source_options->rank == options_->rank)
+      for (const auto& [h, step] : took) sent_[h] = std::max(sent_[h], step);
+    replica_error_ = error;
+  }
+}
+
 }  // namespace goodput::agent

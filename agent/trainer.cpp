@@ -127,11 +127,11 @@ int64_t vm_size_bytes(pid_t pid) {
 }  // namespace
 
 TrainerProcess::TrainerProcess(std::string node_name, std::string work_dir, std::string file_tag,
-                               std::function<void()> persist_wanted)
+                               std::function<void(bool persist)> saved)
     : name_(std::move(node_name)),
       work_dir_(std::move(work_dir)),
       file_tag_(std::move(file_tag)),
-      persist_wanted_(std::move(persist_wanted)) {}
+      saved_(std::move(saved)) {}
 
 TrainerProcess::Files TrainerProcess::prepare(int32_t restart) const {
   const std::string tag = work_dir_ + "/r" + std::to_string(restart) + file_tag_;
@@ -369,7 +369,7 @@ bool TrainerProcess::reap() {
   if (t_.code == 0 && !t_.done) t_.reason = "exited with code 0 before the last step; " + t_.reason;
   log(name_, "trainer exited: code " + std::to_string(t_.code) + (t_.done ? " (done)" : "") +
                    (t_.reason.empty() ? "" : ": " + t_.reason.substr(0, 300)));
-  persist_wanted_();  // persist on failure: the newest memory checkpoint, if storage lacks it
+  saved_(true);  // persist on failure: the newest memory checkpoint, if storage lacks it
   return true;
 }
 
@@ -430,7 +430,7 @@ bool TrainerProcess::on_progress(const std::string& line) {
     ++t_.saves;
     t_.save_blocking_ns += static_cast<int64_t>(j.value("blocking_s", 0.0) * 1e9);
     t_.saved_step = j.value("step", t_.saved_step);
-    if (j.value("persist", false)) persist_wanted_();
+    saved_(j.value("persist", false));
   } else if (ev == "done") {
     t_.done = true;
     t_.step = j.value("step", t_.step);

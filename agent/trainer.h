@@ -21,9 +21,10 @@ namespace goodput::agent {
 
 class TrainerProcess {
  public:
-  // persist_wanted: called when the trainer asks for a persist, and when it exits (persist on failure).
+  // saved: called with each checkpoint the trainer commits (persist: it asks for it to be
+  // persisted), and with persist when it exits (persist on failure).
   // file_tag: added to its files' names, to tell a node's processes apart ("-l1"; "" for one process).
-  TrainerProcess(std::string node_name, std::string work_dir, std::string file_tag, std::function<void()> persist_wanted);
+  TrainerProcess(std::string node_name, std::string work_dir, std::string file_tag, std::function<void(bool persist)> saved);
   ~TrainerProcess() { drop_warm(); }
   TrainerProcess(const TrainerProcess&) = delete;
   TrainerProcess& operator=(const TrainerProcess&) = delete;
@@ -108,7 +109,7 @@ class TrainerProcess {
   std::string name_;
   std::string work_dir_;
   std::string file_tag_;
-  std::function<void()> persist_wanted_;
+  std::function<void(bool persist)> saved_;
   State t_;
   std::vector<std::string> preload_;  // warm starts: the modules a warm interpreter imports (empty: off)
   Warm warm_;

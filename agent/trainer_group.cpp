@@ -56,7 +56,10 @@ TrainerGroup::Process& TrainerGroup::process(size_t local) {
     // process looks as it always did.
     const std::string tag = l == 0 ? "" : "-l" + std::to_string(l);
     p.trainer = std::make_unique<TrainerProcess>(l == 0 ? name_ : name_ + " local rank " + std::to_string(l), work_dir_, tag,
-                                                 [host] { host->request(); });
+                                                 [host](bool persist) {
+                                                   if (persist) host->request();
+                                                   host->replicate();
+                                                 });
     procs_.push_back(std::move(p));
   }
   return procs_[local];
@@ -191,6 +194,17 @@ void TrainerGroup::kill_group() {
 std::string TrainerGroup::persist_error() const {
   for (size_t i = 0; i < nproc_; ++i)
     if (std::string e = procs_[i].checkpoints->error(); !e.empty())
+      return nproc_ == 1 ? e : "local rank " + std::to_string(i) + ": " + e;
+  return "";
+}
+
+void TrainerGroup::replicate_to(const CheckpointHost::Replication& r) {
+  for (size_t i = 0; i < nproc_; ++i) procs_[i].checkpoints->replicate_to(r);
+}
+
+std::string TrainerGroup::replica_error() const {
+  for (size_t i = 0; i < nproc_; ++i)
+    if (std::string e = procs_[i].checkpoints->replica_error(); !e.empty())
       return nproc_ == 1 ? e : "local rank " + std::to_string(i) + ": " + e;
   return "";
 }

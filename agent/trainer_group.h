@@ -57,6 +57,10 @@ class TrainerGroup {
   int32_t restart() const { return restart_; }
   bool exited() const { return exited_; }
   std::string persist_error() const;
+  // Copies of each process's memory checkpoints in peers' memory: where they go (each process's
+  // under its own rank), and why the newest copy failed (empty: none did).
+  void replicate_to(const CheckpointHost::Replication& r);
+  std::string replica_error() const;
   void drain_and_free();  // lets running persists finish, then frees the node's shared memory
 
  private:

@@ -75,8 +75,9 @@ std::vector<Fault> load_faults(const std::string& path) {
       ConfigReader r(j[i], "[" + std::to_string(i) + "]");
       Fault f;
       f.fault = r.text("fault", "");
-      if (f.fault != "kill-process" && f.fault != "kill-node" && f.fault != "hang" && f.fault != "oom")
-        r.fail("fault", "must be kill-process, kill-node, hang or oom");
+      if (f.fault != "kill-process" && f.fault != "kill-node" && f.fault != "hang" && f.fault != "oom" &&
+          f.fault != "corrupt-replica")
+        r.fail("fault", "must be kill-process, kill-node, hang, oom or corrupt-replica");
       f.slot = static_cast<int32_t>(r.integer("slot", 0, 0, 4095));
       f.local_rank = static_cast<int32_t>(r.integer("local_rank", 0, 0, 1023));  // which process of the node
       f.at_step = r.integer("at_step", -1, 1, INT64_MAX / 2);
@@ -487,9 +488,9 @@ void add_live_commands(CLI::App& app, int& rc) {
   static std::string fault;
   static int32_t slot = 0;
   auto* inj = app.add_subcommand("inject", "Inject a fault into a live job to rehearse recovery");
-  inj->add_option("fault", fault, "kill-process | kill-node | hang | oom")
+  inj->add_option("fault", fault, "kill-process | kill-node | hang | oom | corrupt-replica")
       ->required()
-      ->check(CLI::IsMember({"kill-process", "kill-node", "hang", "oom"}));
+      ->check(CLI::IsMember({"kill-process", "kill-node", "hang", "oom", "corrupt-replica"}));
   inj->add_option("slot", slot, "The rank slot whose node gets the fault")->required();
   static int32_t inject_local_rank = 0;
   inj->add_option("--local-rank", inject_local_rank, "Which of the node's trainer processes (nproc_per_node > 1)")

@@ -71,9 +71,7 @@ SaveStats FlashCheckpoint::save(int64_t step, const std::vector<BufferView>& buf
   const uint64_t manifest_max = manifest_json(m).dump().size() + 64;
 
   // Write the object that does not hold the newest committed checkpoint.
-  const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
-  const int target = (a.committed && (!b.committed || a.generation > b.generation)) ? 1 : 0;
-  const uint64_t generation = std::max(a.generation, b.generation) + 1;
+  const auto [target, generation] = write_target(shm_name(0), shm_name(1));
   // Keep the mapping between saves: building it costs more than the copy on some machines. A
   // mapping whose object was unlinked (the agent cleared memory) or is too small is replaced.
   const uint64_t need = kHeaderBytes + m.data_bytes + manifest_max;
@@ -233,49 +231,45 @@ uint64_t FlashCheckpoint::reserve(uint64_t data_bytes) {
   return allocated;
 }
 
+std::optional<Loaded> FlashCheckpoint::newest_copy() {
+  if (!persist_buffer_) persist_buffer_ = std::make_shared<Region>();
+  // Copy at memory speed. The trainer may start a save on that object meanwhile (two saves while
+  // we copy): then take the newest again. It never waits for us.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
+    if (!a.committed && !b.committed) return std::nullopt;
+    const bool newest_a = a.committed && (!b.committed || a.generation > b.generation);
+    try {
+      return read_shm(shm_name(newest_a ? 0 : 1), /*zero_copy=*/false, static_cast<Region*>(persist_buffer_.get()));
+    } catch (const Overwritten&) {
+    }
+  }
+  throw CheckpointError("the trainer saved faster than a copy could be taken; will try again");
+}
+
 PersistStats FlashCheckpoint::persist() {
   PersistStats out;
   if (options_.storage_dir.empty()) throw CheckpointError("no storage directory configured");
   auto t0 = std::chrono::steady_clock::now();
-  if (!persist_buffer_) persist_buffer_ = std::make_shared<Region>();
-  // Copy the newest committed checkpoint out at memory speed, then write it at disk speed. The
-  // trainer may start a save on that object meanwhile (two saves while we copy): then take the
-  // newest again. It never waits for us.
-  std::optional<Loaded> copied;
-  int64_t step = -1;
-  for (int attempt = 0; attempt < 8 && !copied; ++attempt) {
-    const SlotInfo a = peek(shm_name(0)), b = peek(shm_name(1));
-    if (!a.committed && !b.committed) return out;
-    const bool newest_a = a.committed && (!b.committed || a.generation > b.generation);
-    step = newest_a ? a.step : b.step;
-    out.step = step;
-    const auto have = storage_steps();
-    if (std::find(have.begin(), have.end(), step) != have.end()) return out;
-    try {
-      copied = read_shm(shm_name(newest_a ? 0 : 1), /*zero_copy=*/false, static_cast<Region*>(persist_buffer_.get()));
-    } catch (const Overwritten&) {
-    }
+  // Copy the newest committed checkpoint out at memory speed, then write it at disk speed.
+  if (const auto newest = newest_in_memory(); !newest) {
+    return out;
+  } else if (const auto have = storage_steps(); std::find(have.begin(), have.end(), *newest) != have.end()) {
+    out.step = *newest;
+    return out;
   }
-  if (!copied) throw CheckpointError("the trainer saved faster than a copy could be taken; will try again");
+  std::optional<Loaded> copied = newest_copy();
+  if (!copied) return out;
   Loaded& l = *copied;
   // What was copied may be newer than what was peeked: the copy's own manifest is the truth.
-  step = l.manifest.step;
+  const int64_t step = l.manifest.step;
   out.step = step;
   {
     const auto have = storage_steps();
     if (std::find(have.begin(), have.end(), step) != have.end()) return out;
   }
   const std::string manifest = manifest_json(l.manifest).dump();
-  Header h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.version = kFormatVersion;
-  h.state = 1;
-  h.generation = 0;
-  h.step = step;
-  h.data_bytes = l.manifest.data_bytes;
-  h.manifest_offset = kHeaderBytes + l.manifest.data_bytes;
-  h.manifest_bytes = manifest.size();
-  h.manifest_xxh3 = XXH3_64bits(manifest.data(), manifest.size());
+  const Header h = image_header(l.manifest, manifest);
   const std::string dir = step_dir(step);
   options_.storage->make_dirs(dir);
   out.path = rank_file(step, options_.rank);

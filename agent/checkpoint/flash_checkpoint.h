@@ -168,6 +168,9 @@ class FlashCheckpoint {
   // Agent: write the newest committed memory checkpoint to storage if storage lacks its step,
   // then keep the newest `keep` complete steps. Safe while the trainer saves; never blocks it.
   PersistStats persist();
+  // Agent: a verified private copy of this rank's newest committed memory checkpoint (what persist
+  // and replication send on); nullopt if memory holds none. Valid until the next call.
+  std::optional<Loaded> newest_copy();
 
   // Operators and tests.
   std::vector<int64_t> storage_steps() const;           // steps with a file for this rank

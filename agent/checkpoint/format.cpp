@@ -95,6 +95,19 @@ void check_header(const Header& h, uint64_t size, const uint8_t* manifest) {
                           " bytes, found " + std::to_string(size));
 }
 
+Header image_header(const Manifest& m, const std::string& manifest_text) {
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.version = kFormatVersion;
+  h.state = 1;
+  h.step = m.step;
+  h.data_bytes = m.data_bytes;
+  h.manifest_offset = kHeaderBytes + m.data_bytes;
+  h.manifest_bytes = manifest_text.size();
+  h.manifest_xxh3 = XXH3_64bits(manifest_text.data(), manifest_text.size());
+  return h;
+}
+
 Manifest check_image(const uint8_t* base, uint64_t size, const Header& h) {
   check_header(h, size, manifest_in_bounds(h, size) ? base + h.manifest_offset : nullptr);
   return check_manifest(h, base + h.manifest_offset);

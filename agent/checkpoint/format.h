@@ -84,6 +84,9 @@ Manifest check_image(const uint8_t* base, uint64_t size, const Header& h);
 std::vector<uint64_t> buffer_sizes(const Manifest& m);
 void check_sums(const Manifest& m, const std::vector<uint64_t>& got);
 void verify_in_place(const Manifest& m, const uint8_t* data);  // throws naming the first wrong buffer
+// The header of a committed image laid out as a file holds it (and a replica travels): the data
+// right after the header, the manifest (`manifest_text`) right after the data.
+Header image_header(const Manifest& m, const std::string& manifest_text);
 
 // Storage layout: <dir>/step-<step>/rank-<rank>.ckpt. The step a directory name says; none: not one.
 std::optional<int64_t> parse_step_dir(const std::string& name);

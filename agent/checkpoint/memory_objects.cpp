@@ -85,6 +85,42 @@ SlotInfo peek(const std::string& name) {
   return s;
 }
 
+WriteTarget write_target(const std::string& a, const std::string& b) {
+  const SlotInfo x = peek(a), y = peek(b);
+  return {(x.committed && (!y.committed || x.generation > y.generation)) ? 1 : 0, std::max(x.generation, y.generation) + 1};
+}
+
+ImageWriter::ImageWriter(const std::string& a, const std::string& b, const Header& h, uint64_t max_bytes) : header_(h) {
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) throw CheckpointError("not a Goodput checkpoint (bad magic)");
+  if (h.version != kFormatVersion)
+    throw CheckpointError("format version " + std::to_string(h.version) + ", this build reads " + std::to_string(kFormatVersion));
+  if (h.manifest_offset != kHeaderBytes + h.data_bytes || h.data_bytes > max_bytes || h.manifest_bytes > max_bytes ||
+      h.data_bytes + h.manifest_bytes > max_bytes - kHeaderBytes)
+    throw CheckpointError("a header promising " + std::to_string(h.data_bytes) + " data and " +
+                          std::to_string(h.manifest_bytes) + " manifest bytes (at most " + std::to_string(max_bytes) +
+                          " in all, the manifest right after the data)");
+  size_ = kHeaderBytes + h.data_bytes + h.manifest_bytes;
+  const WriteTarget t = write_target(a, b);
+  name_ = t.which == 0 ? a : b;
+  header_.generation = t.generation;
+  map_ = open_shm_for_write(name_, size_);
+  store_state(map_->header(), 0);  // from here on, this object holds nothing loadable
+}
+
+Manifest ImageWriter::commit(int32_t rank, int32_t world_size) {
+  Header* h = map_->header();
+  Header fields = header_;
+  fields.state = 0;
+  std::memcpy(static_cast<void*>(h), &fields, sizeof fields);
+  const Manifest m = check_image(map_->base, size_, fields);
+  if (m.rank != rank || m.world_size != world_size)
+    throw CheckpointError("holds rank " + std::to_string(m.rank) + " of " + std::to_string(m.world_size) + ", not rank " +
+                          std::to_string(rank) + " of " + std::to_string(world_size));
+  verify_in_place(m, body());
+  store_state(h, 1);  // commit: last, with release order
+  return m;
+}
+
 // Reads `n` bytes at `off` into dst (all of them, or throws).
 void pread_all(int fd, uint8_t* dst, uint64_t n, uint64_t off) {
   uint64_t done = 0;

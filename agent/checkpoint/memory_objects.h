@@ -36,7 +36,36 @@ struct SlotInfo {
   uint64_t generation = 0;
   int64_t step = -1;
 };
-SlotInfo peek(const std::string& name);  // its header, without mapping it (a walk per page)
+SlotInfo peek(const std::string& name);
+// Of a rank's two objects (a, b), the one a new checkpoint goes to: the one that does not hold the
+// newest committed checkpoint, with the generation the new one takes.
+struct WriteTarget {
+  int which = 0;  // 0: a, 1: b
+  uint64_t generation = 1;
+};
+WriteTarget write_target(const std::string& a, const std::string& b);
+
+// A whole checkpoint image, as a file holds it (header, data, manifest), written into a rank's
+// objects a and b as it arrives from elsewhere (a replica from a peer): the constructor picks the
+// write target and marks it uncommitted; the caller fills body() (the data, then the manifest);
+// commit() checks the header, the manifest (of rank `rank` of a world of `world_size`) and every
+// buffer's checksum in place and commits it as the newest, or throws CheckpointError saying what is wrong. Until a commit the other object
+// still holds the newest committed checkpoint, untouched.
+class ImageWriter {
+ public:
+  // max_bytes: the largest image accepted (the header says how large this one is).
+  ImageWriter(const std::string& a, const std::string& b, const Header& header, uint64_t max_bytes);
+  uint8_t* body() { return map_->base + kHeaderBytes; }
+  uint64_t body_bytes() const { return size_ - kHeaderBytes; }
+  Manifest commit(int32_t rank, int32_t world_size);
+  const std::string& object() const { return name_; }
+
+ private:
+  std::string name_;
+  Header header_;
+  uint64_t size_ = 0;
+  std::shared_ptr<ShmMap> map_;
+};  // its header, without mapping it (a walk per page)
 bool read_header(int fd, Header& h);
 void pread_all(int fd, uint8_t* dst, uint64_t n, uint64_t off);  // all n bytes at off, or throws
 

@@ -28,6 +28,7 @@ struct RegisterRequest {
   int64_t slot = -1;        // the slot it was launched for; -1: any
   uint16_t check_port = 0;  // its link-probe port
   uint16_t rdzv_port = 0;   // a free port it offers for the rendezvous store
+  uint16_t replica_port = 0;  // where peers put and get checkpoint copies (agent/replica.h)
 };
 
 // POST /v1/heartbeat (and /v1/exit, with `leaving`).
@@ -38,6 +39,10 @@ struct AgentReport {
   uint16_t check_port = 0;  // 0: not said
   uint16_t rdzv_port = 0;
   std::string persist_error;
+  uint16_t replica_port = 0;  // 0: not said
+  std::vector<std::pair<int32_t, int64_t>> held;  // copies of other ranks' checkpoints it holds: (rank, step), sorted
+  std::string replica_error;  // why its newest copy to a holder failed; empty: none did
+  std::string fetch_error;    // why it could not fetch its ranks' copies for this restart (said once)
   std::optional<std::pair<int64_t, CheckReport>> check;  // a check result and the round id it answers
   std::optional<std::string> leaving;                    // the agent was stopped on purpose, and why
   std::optional<TrainerReport> trainer;

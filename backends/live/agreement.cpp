@@ -6,6 +6,12 @@
 namespace goodput::live {
 
 namespace {
+// The tier that took longer: storage, then a peer's copy, then the node's own memory.
+Tier slower_tier(Tier a, Tier b) {
+  auto cost = [](Tier t) { return t == Tier::Storage ? 3 : t == Tier::Peer ? 2 : t == Tier::Memory ? 1 : 0; };
+  return cost(a) >= cost(b) ? a : b;
+}
+
 int phase_rank(const std::string& p) {
   if (p == "starting") return 1;
   if (p == "rendezvous") return 2;
@@ -40,6 +46,24 @@ std::optional<CheckpointPersisted> persisted(const Ranks& w, int64_t persisted, 
       common = step;
   if (!common) return std::nullopt;
   return CheckpointPersisted{*common, 1};
+}
+
+std::optional<ReplicaStored> replicated(const Ranks& w, const std::vector<ReplicaGroup>& groups,
+                                        const ReplicaPlacement& placement, int64_t replicated, int64_t saved, Sweeps& sw) {
+  if (placement.replicas <= 0 || saved <= replicated || w.size() < 2) return std::nullopt;
+  const bool held = sw.replicated.all_nodes(w, {sw.epoch, replicated, saved, placement.replicas}, [&](const Node& n) {
+    const int32_t first = first_process(groups, n.slot);
+    const int32_t procs = replica_group(groups, n.slot).nproc_per_node;
+    bool all = true;
+    placement.for_each_holder(n.slot, [&](int32_t h) {
+      const std::vector<std::pair<int32_t, int64_t>>& copies = w[static_cast<size_t>(h)]->held;
+      for (int32_t r = first; r < first + procs && all; ++r)
+        all = std::binary_search(copies.begin(), copies.end(), std::pair<int32_t, int64_t>{r, saved});
+    });
+    return all;
+  });
+  if (!held) return std::nullopt;
+  return ReplicaStored{saved, 1};
 }
 
 Node* exit_culprit(const Ranks& w, int32_t gen) {
@@ -86,7 +110,7 @@ std::optional<EventPayload> phase_reached(Phase phase, const Ranks& w, int32_t g
       CheckpointLoaded l = *w.front()->trainer.loaded;
       for (const Node* n : w) {
         l.step = std::min(l.step, n->trainer.loaded->step);
-        l.tier = std::max(l.tier, n->trainer.loaded->tier);
+        l.tier = slower_tier(l.tier, n->trainer.loaded->tier);
         l.load_time = std::max(l.load_time, n->trainer.loaded->load_time);
       }
       return l;

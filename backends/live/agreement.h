@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/live/world.h"
+#include "engine/checkpoint_manager.h"
 #include "engine/event.h"
 #include "engine/job_state.h"
 
@@ -33,14 +34,18 @@ class Sweep {
  public:
   using Context = std::array<int64_t, 4>;
   template <class Pred> bool all(const Ranks& w, const Context& context, Pred pred) {
+    return all_nodes(w, context, [&](const Node& n) { return pred(n.trainer); });
+  }
+  // The same, of a condition on the whole node (not only its trainer's report).
+  template <class Pred> bool all_nodes(const Ranks& w, const Context& context, Pred pred) {
     if (context != context_) {
       context_ = context;
       next_ = 0;
     }
-    while (next_ < w.size() && pred(w[next_]->trainer)) ++next_;
+    while (next_ < w.size() && pred(*w[next_])) ++next_;
     if (next_ < w.size()) return false;
     for (size_t i = 0; i < w.size(); ++i)
-      if (!pred(w[i]->trainer)) {
+      if (!pred(*w[i])) {
         next_ = i;
         return false;
       }
@@ -55,7 +60,7 @@ class Sweep {
 // One sweep per question; `epoch` is World::epoch() of the ranks asked about.
 struct Sweeps {
   int64_t epoch = 0;
-  Sweep completed, persisted, phase, saved;
+  Sweep completed, persisted, phase, saved, replicated;
 };
 
 // Every rank reported its last step (done), whether or not its process is gone yet.
@@ -63,6 +68,11 @@ std::optional<JobFinished> completed(const Ranks& w, int32_t gen, Sweeps& sweeps
 // The newest step every rank has in storage, above `persisted` and no newer than the newest save
 // the log knows (`saved`).
 std::optional<CheckpointPersisted> persisted(const Ranks& w, int64_t persisted, int64_t saved, Sweeps& sweeps);
+// The newest save the log knows (`saved`, newer than `replicated`), once every rank's copies of it
+// are in the memory of every holder `placement` names for its node (as the holders' agents report
+// them). `groups`: the layout, for the ranks each node's processes have.
+std::optional<ReplicaStored> replicated(const Ranks& w, const std::vector<ReplicaGroup>& groups,
+                                        const ReplicaPlacement& placement, int64_t replicated, int64_t saved, Sweeps& sweeps);
 // Of the ranks whose trainer exited without finishing, the one that looks like the cause (a signal
 // over an exit code, an out-of-memory reason, then the earliest); null: none exited. `w` may be
 // only the ranks whose trainers reported an exit (by rank), which is what LiveMaster passes.

@@ -367,9 +367,6 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
     }
     // What the simulator models and the live side does not do yet is refused, not silently ignored.
     s.warm_start = policies.recovery->warm_start();
-    if (policies.checkpoint->replicas() > 0)
-      throw ConfigError(source + ": field 'checkpoint.replicas' is for the simulator so far: live agents do not copy "
-                                 "their checkpoints to peers yet");
     if (policies.scaling->warm_spares() > 0)
       throw ConfigError(source + ": field 'scaling.warm_spares' is for the simulator so far: live, the job spec's "
                                  "\"spares\" keeps that many nodes registered and idle beside the world");
@@ -378,6 +375,7 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.data_shards = r.integer("data_shards", 0, 0, 100'000'000);
   s.spares = static_cast<int32_t>(r.integer("spares", 0, 0, 10'000));
   s.memory_limit_mb = r.integer("memory_limit_mb", 0, 0, 1 << 30);
+  s.replica_mb_per_s = r.number("replica_mb_per_s", s.replica_mb_per_s, 0, 1e7);
   s.heartbeat_interval = r.duration("heartbeat_interval", s.heartbeat_interval);
   s.heartbeat_timeout = r.duration("heartbeat_timeout", s.heartbeat_timeout);
   s.hang_timeout = r.duration("hang_timeout", s.hang_timeout);

@@ -152,6 +152,10 @@ struct JobSpec {
   // take a lost node's slot at once; the relaunch that follows refills the pool.
   int32_t spares = 0;
   int64_t memory_limit_mb = 0;        // address-space limit of each trainer (prlimit); 0: none
+  // The pace of each node's checkpoint copies to its peers (the policy's checkpoint.replicas), in
+  // 10^6 bytes per second per copy: the share of the link that training's collectives leave it. 0:
+  // as fast as the link goes.
+  double replica_mb_per_s = 1000;
   Duration heartbeat_interval = 250 * kMillisecond;
   Duration heartbeat_timeout = 5 * kSecond;
   Duration hang_timeout = 5 * kMinute;  // a trainer that reports nothing this long is hung (see the README)

@@ -97,6 +97,8 @@ void LiveMaster::append(const Event& e) {
           gen_blocking_ns_ += p.blocking * std::max<int64_t>(p.count, 1);
         } else if constexpr (std::is_same_v<T, CheckpointPersisted>) {
           persisted_step_ = std::max(persisted_step_, p.step);
+        } else if constexpr (std::is_same_v<T, ReplicaStored>) {
+          replicated_step_ = std::max(replicated_step_, p.step);
         } else if constexpr (std::is_same_v<T, CheckpointPlanSet>) {
           plan_ = p;
         } else if constexpr (std::is_same_v<T, ScaleDecided>) {
@@ -195,6 +197,7 @@ json LiveMaster::register_node(const RegisterRequest& req) {
   n.host = req.host;
   n.check_port = req.check_port;
   n.rdzv_port = req.rdzv_port;
+  n.replica_port = req.replica_port;
   n.last_heartbeat = clock_.now();
   // The slot it was launched for if that is still vacant (so a pod labelled rank 3 is rank 3),
   // else the first vacant one of its replica type. None: it joins as a spare (an elastic policy
@@ -291,6 +294,18 @@ json LiveMaster::run_order(const Node& n) const {
       env["GOODPUT_RESTORE_REPLICAS"] = process_counts(groups, saved).dump();
   out["env"] = env;
   out["storage_dir"] = spec_.storage_dir;
+  // Copies in peers' memory (checkpoint.replicas): where this node's go after each save, and, for
+  // a restart from them, where its ranks' copies are.
+  if (const ReplicaPlacement placement = ReplicaPlacement::from(plan_, restart_.world_size); placement.replicas > 0) {
+    json holders = json::array();
+    placement.for_each_holder(n.slot, [&](int32_t h) {
+      if (const Node* holder = world_.holder(h); holder && holder->replica_port > 0 && !holder->gone)
+        holders.push_back({{"name", holder->name}, {"host", holder->host.empty() ? "127.0.0.1" : holder->host},
+                           {"port", holder->replica_port}});
+    });
+    out["replicate"] = {{"key", spec_.job + "-" + run_id_}, {"holders", holders},
+                        {"bytes_per_s", spec_.replica_mb_per_s * 1e6}};
+  }
   out["checkpoint_bytes"] = spec_.checkpoint_bytes_per_node;
   out["memory_limit_mb"] = spec_.memory_limit_mb;
   return out;
@@ -304,6 +319,12 @@ json LiveMaster::heartbeat(const AgentReport& r) {
   if (r.check_port > 0) n->check_port = r.check_port;
   if (r.rdzv_port > 0) n->rdzv_port = r.rdzv_port;
   n->persist_error = r.persist_error;
+  n->replica_error = r.replica_error;
+  if (r.replica_port > 0) n->replica_port = r.replica_port;
+  const bool held_changed = r.held != n->held;
+  if (held_changed) n->held = r.held;
+  // A relaunched node could not fetch its ranks' copies: its trainers restore from storage.
+  if (!r.fetch_error.empty() && !finished()) observe(StatusObserved{"replica", n->name, r.fetch_error});
   if (r.check) checks_.report(n->id, r.check->first, r.check->second);
   const Time now = clock_.now();
   n->last_heartbeat = now;
@@ -319,6 +340,8 @@ json LiveMaster::heartbeat(const AgentReport& r) {
   // weighs what time changes). Per heartbeat the master does O(1) work, whatever the world's size.
   if (r.trainer && n->trainer.apply(*r.trainer, now)) {
     if (n->trainer.exited && !n->trainer.done && n->trainer.restart == restart_.restart) exited_.insert(n->id);
+    advance();
+  } else if (held_changed) {
     advance();
   }
   if (rdzv_port_ == 0) rdzv_port_ = pick_port();  // a resumed master: the old one's port died with it
@@ -367,8 +390,8 @@ json LiveMaster::complete_shards(NodeId node, int64_t step, const std::vector<in
 // ---- an operator's requests ------------------------------------------------------------------------
 
 json LiveMaster::inject(const std::string& fault, int32_t slot, int32_t local_rank) {
-  if (fault != "kill-process" && fault != "kill-node" && fault != "hang" && fault != "oom")
-    throw std::invalid_argument("fault must be kill-process, kill-node, hang or oom, not '" + fault + "'");
+  if (fault != "kill-process" && fault != "kill-node" && fault != "hang" && fault != "oom" && fault != "corrupt-replica")
+    throw std::invalid_argument("fault must be kill-process, kill-node, hang, oom or corrupt-replica, not '" + fault + "'");
   if (slot < 0 || slot >= world_.size() || world_.at(slot) < 0)
     throw std::invalid_argument("no node holds slot " + std::to_string(slot));
   if (local_rank < 0 || local_rank >= world_.group_of(slot).nproc_per_node)
@@ -550,6 +573,11 @@ void LiveMaster::advance() {
     }
     if (auto p = persisted(w, persisted_step_, saved_step_, sweeps_)) {
       observe(*p);
+      continue;
+    }
+    if (auto r = replicated(w, world_.groups(), ReplicaPlacement::from(plan_, world_.size()), replicated_step_, saved_step_,
+                            sweeps_)) {
+      observe(*r);  // logged before any restart relies on these copies
       continue;
     }
     Ranks exits;  // the ranks whose trainers reported an exit in this restart, by rank

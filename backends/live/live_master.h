@@ -68,7 +68,7 @@ class LiveMaster final : public Backend, public EventSink {
   void tick();
 
   // Hand a fault to the node holding `slot` with its next heartbeat: kill-process, kill-node,
-  // hang or oom. Throws std::invalid_argument for an unknown fault or an empty slot.
+  // hang, oom, or corrupt-replica (spoil the checkpoint copies it holds for its peers). Throws std::invalid_argument for an unknown fault or an empty slot.
   // local_rank: which of the node's trainer processes gets a process fault (kill-process, hang, oom).
   nlohmann::json inject(const std::string& fault, int32_t slot, int32_t local_rank = 0);
   // Check the nodes holding `slots` again (all of the world's when empty), with a fault drill
@@ -154,6 +154,7 @@ class LiveMaster final : public Backend, public EventSink {
   int64_t gen_saves_ = 0;                 // saves of this restart already in the log
   int64_t gen_blocking_ns_ = 0;
   int64_t persisted_step_ = -1;
+  int64_t replicated_step_ = -1;          // newest step a ReplicaStored in the log names
   int64_t saved_step_ = -1;               // newest step a CheckpointSaved in the log names
   bool in_advance_ = false;
   bool ticking_ = false;

@@ -70,7 +70,7 @@ std::string host_of(const json& body, const std::string& peer_address) {
 }
 
 RegisterRequest read_register(const json& b, const std::string& peer_address) {
-  only_keys(b, {"name", "pid", "host", "slot", "check_port", "rdzv_port"});
+  only_keys(b, {"name", "pid", "host", "slot", "check_port", "rdzv_port", "replica_port"});
   RegisterRequest r;
   r.name = field<std::string>(b, "name");
   if (r.name.empty() || r.name.size() > 253) throw BadRequest("field 'name' must be 1 to 253 characters");
@@ -78,6 +78,7 @@ RegisterRequest read_register(const json& b, const std::string& peer_address) {
   r.slot = field_or<int64_t>(b, "slot", -1);
   r.check_port = static_cast<uint16_t>(std::clamp<int64_t>(field_or<int64_t>(b, "check_port", 0), 0, 65535));
   r.rdzv_port = static_cast<uint16_t>(std::clamp<int64_t>(field_or<int64_t>(b, "rdzv_port", 0), 0, 65535));
+  r.replica_port = static_cast<uint16_t>(std::clamp<int64_t>(field_or<int64_t>(b, "replica_port", 0), 0, 65535));
   return r;
 }
 
@@ -102,7 +103,7 @@ TrainerReport read_trainer(const json& t) {
   r.storage_steps = field_or<std::vector<int64_t>>(t, "storage_steps", {});
   if (const auto l = t.find("loaded"); l != t.end() && l->is_object()) {
     const auto tier = tier_from(field<std::string>(*l, "tier"));
-    if (!tier || *tier == Tier::Peer) throw BadRequest("field 'loaded.tier' must be none, memory or storage");
+    if (!tier) throw BadRequest("field 'loaded.tier' must be none, memory, peer or storage");
     r.loaded = CheckpointLoaded{field<int64_t>(*l, "step"), *tier, field<int64_t>(*l, "ns")};
   }
   if (const auto x = t.find("exit"); x != t.end() && x->is_object()) {
@@ -125,7 +126,8 @@ TrainerReport read_trainer(const json& t) {
 }
 
 AgentReport read_heartbeat(const json& b, const std::string& peer_address) {
-  only_keys(b, {"node", "trainer", "check", "check_port", "rdzv_port", "persist_error", "host", "leaving"});
+  only_keys(b, {"node", "trainer", "check", "check_port", "rdzv_port", "persist_error", "host", "leaving", "replica_port",
+                "held", "replica_error", "fetch_error"});
   AgentReport r;
   const int64_t node = field<int64_t>(b, "node");
   r.node = node > INT32_MAX ? -1 : static_cast<NodeId>(node);
@@ -133,6 +135,20 @@ AgentReport read_heartbeat(const json& b, const std::string& peer_address) {
   r.check_port = port_field(b, "check_port");
   r.rdzv_port = port_field(b, "rdzv_port");
   r.persist_error = field_or<std::string>(b, "persist_error", "").substr(0, 1000);
+  r.replica_port = port_field(b, "replica_port");
+  r.replica_error = field_or<std::string>(b, "replica_error", "").substr(0, 1000);
+  r.fetch_error = field_or<std::string>(b, "fetch_error", "").substr(0, 2000);
+  if (const auto h = b.find("held"); h != b.end()) {
+    // The copies of other nodes' checkpoints this node holds: [[rank, step], ...].
+    if (!h->is_array() || h->size() > 65536) throw BadRequest("field 'held' must be a list of [rank, step] pairs");
+    for (const json& e : *h) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() || !e[1].is_number_integer() || e[0].get<int64_t>() < 0 ||
+          e[0].get<int64_t>() > INT32_MAX)
+        throw BadRequest("field 'held' must be a list of [rank, step] pairs");
+      r.held.emplace_back(e[0].get<int32_t>(), e[1].get<int64_t>());
+    }
+    std::sort(r.held.begin(), r.held.end());
+  }
   if (const auto c = b.find("check"); c != b.end() && c->is_object()) {
     only_keys(*c, {"round", "id", "compute_mflops", "compute_ok", "link_mb_per_s", "link_ok", "error"}, "check.");
     CheckReport cr;

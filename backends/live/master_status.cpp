@@ -78,6 +78,7 @@ nlohmann::ordered_json status_of(const LiveMaster& m, bool with_nodes) {
       if (!n.trainer.ranks.is_null()) nodes.back()["trainer"]["ranks"] = n.trainer.ranks;
     }
     if (!n.persist_error.empty()) nodes.back()["persist_error"] = n.persist_error;
+    if (!n.replica_error.empty()) nodes.back()["replica_error"] = n.replica_error;
   }
   return out;
 }

@@ -90,6 +90,9 @@ struct Node {
   uint16_t check_port = 0;     // its agent's link-probe port (node checks)
   uint16_t rdzv_port = 0;      // a free port its agent offers for the rendezvous store (as rank 0)
   std::string persist_error;   // why its agent's newest persist to storage failed; empty: it did not
+  uint16_t replica_port = 0;   // its agent's replica server (checkpoint.replicas)
+  std::vector<std::pair<int32_t, int64_t>> held;  // copies of other ranks' checkpoints it holds: (rank, step)
+  std::string replica_error;   // why its newest copy to a holder failed
 };
 
 class World {

@@ -145,13 +145,16 @@ class Session:
         step = max(common)
         loaded_step, state = self.ckpt.load(step)
         tier = self.ckpt.last_load.get("tier", have[step])
-        # Every rank reports the worst tier any rank used, so the master sees one answer.
+        # This node's agent fetched that step from a peer's memory before we started (a relaunch).
+        if tier == "memory" and loaded_step == _int("GOODPUT_PEER_STEP", -1):
+            tier = "peer"
+        # Every rank reports the slowest tier any rank used, so the master sees one answer.
         tiers = [None] * self.world_size
         if dist.is_initialized() and self.world_size > 1:
             dist.all_gather_object(tiers, tier)
         else:
             tiers = [tier]
-        tier = "storage" if "storage" in tiers else "memory"
+        tier = next(t for t in ("storage", "peer", "memory") if t in tiers)
         self.loaded_from = (tier, loaded_step)
         self.report("loaded", step=loaded_step, tier=tier, seconds=time.perf_counter() - t0)
         return loaded_step, state
