@@ -16,8 +16,9 @@ Two measurements, each from real processes, real signals and the job's own recor
    time, start-up included); each launcher's own median step time is shown beside it.
 2. --faults: the DDP example under `goodput run`, one process per node, a process restart (from
    host memory) cold and warm (recovery.warm_start: the restart runs in an interpreter started
-   beforehand with torch imported) and a node relaunch (from storage) onto a new node and onto a
-   warm spare ("spares": 1), against the same run's cold start.
+   beforehand with torch imported), a node relaunch onto a new node restoring from storage and
+   from a peer's copy of its memory checkpoint (checkpoint.replicas: 1), and onto a warm spare
+   ("spares": 1), against the same run's cold start, with the steps each recomputed.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/live_recovery.py [--runs 3] [--faults]
 """
@@ -198,15 +199,16 @@ def compare_torchrun(args):
                   f"{m['goodput'] / base['goodput']:.2f}x torchrun's")
 
 
-def run_faults_once(fault, tmp, i, warm=False, spares=0):
+def run_faults_once(fault, tmp, i, warm=False, spares=0, replicas=0):
     job = json.load(open(os.path.join(ROOT, "examples/pytorch/job.json")))
     job["policy"] = json.load(open(os.path.join(ROOT, "examples/pytorch/policy.json")))
     job["policy"]["recovery"]["warm_start"] = warm
     job["spares"] = spares
+    job["policy"]["checkpoint"]["replicas"] = replicas
     job["command"][1] = os.path.join(ROOT, job["command"][1])
     job["env"]["PYTHONPATH"] = os.path.join(ROOT, "build/python")
     job["total_steps"] = 160
-    tag = f"{fault}-{'warm' if warm else 'cold'}-{spares}-{i}"
+    tag = f"{fault}-{'warm' if warm else 'cold'}-{spares}-{replicas}-{i}"
     spec = os.path.join(tmp, f"job-{tag}.json")
     faults = os.path.join(tmp, f"faults-{tag}.json")
     json.dump(job, open(spec, "w"))
@@ -222,8 +224,18 @@ def run_faults_once(fault, tmp, i, warm=False, spares=0):
     failure = first("failure_observed")
     stalled = failure["data"]["stalled_since_ns"]
     resumed = first("checkpoint_loaded", failure["seq"])
+    # Steps recomputed: the furthest any rank got before the failure, less the step restored.
+    reached = 0
+    for node in os.listdir(os.path.join(run_dir, "nodes")):
+        for f in os.listdir(os.path.join(run_dir, "nodes", node)):
+            if f.startswith("r0-") and f.endswith("-progress.jsonl"):
+                for line in open(os.path.join(run_dir, "nodes", node, f)):
+                    r = json.loads(line)
+                    if r.get("event") == "step":
+                        reached = max(reached, r["step"])
     return {"cold_start": cold / 1e9, "detection": (failure["t"] - stalled) / 1e9,
-            "resumed": (resumed["t"] - stalled) / 1e9, "tier": resumed["data"]["tier"]}
+            "resumed": (resumed["t"] - stalled) / 1e9, "tier": resumed["data"]["tier"],
+            "recomputed": reached - resumed["data"]["step"]}
 
 
 def faults_table(args):
@@ -231,25 +243,31 @@ def faults_table(args):
         rows = []
         # Warm: recovery.warm_start, the restart handed to an interpreter that imported torch beforehand.
         # Spare: "spares": 1 in the job spec, a node registered and idle that takes the lost slot.
-        for fault, what, warm, spares in (("kill-process", "process restart", False, 0),
-                                          ("kill-process", "warm restart", True, 0),
-                                          ("kill-node", "node relaunch", False, 0),
-                                          ("kill-node", "warm spare", False, 1)):
-            res = [run_faults_once(fault, tmp, i, warm, spares) for i in range(args.runs)]
-            med = {k: statistics.median(r[k] for r in res) for k in ("cold_start", "detection", "resumed")}
+        # Peer copy: checkpoint.replicas 1, each memory checkpoint copied to the other node's memory.
+        for fault, what, warm, spares, replicas in (("kill-process", "process restart", False, 0, 0),
+                                                    ("kill-process", "warm restart", True, 0, 0),
+                                                    ("kill-node", "node relaunch", False, 0, 0),
+                                                    ("kill-node", "warm spare", False, 1, 0),
+                                                    ("kill-node", "peer copy", False, 0, 1)):
+            res = [run_faults_once(fault, tmp, i, warm, spares, replicas) for i in range(args.runs)]
+            med = {k: statistics.median(r[k] for r in res) for k in ("cold_start", "detection", "resumed", "recomputed")}
             tiers = sorted({r["tier"] for r in res})
             rows.append((what, "/".join(tiers), med))
             print(f"{what}: done {args.runs} runs", file=sys.stderr)
-    print(f"{'recovery':<16} {'restored from':<14} {'detection':>10} {'kill->training':>15} {'cold start':>11} {'ratio':>6}")
+    print(f"{'recovery':<16} {'restored from':<14} {'detection':>10} {'kill->training':>15} {'cold start':>11} {'ratio':>6}"
+          f" {'recomputed':>11}")
     for what, tier, m in rows:
         print(f"{what:<16} {tier:<14} {m['detection']:>9.3f}s {m['resumed']:>14.3f}s {m['cold_start']:>10.3f}s "
-              f"{m['resumed'] / m['cold_start']:>5.2f}x")
+              f"{m['resumed'] / m['cold_start']:>5.2f}x {m['recomputed']:>6.0f} steps")
     print("(medians; ratio = kill->training over the same run's cold start)")
     cold, warm = rows[0][2]["resumed"], rows[1][2]["resumed"]
     print(f"warm process restart: kill->training {warm:.3f}s vs {cold:.3f}s cold ({cold / warm:.2f}x sooner)")
     relaunch, spare = rows[2][2]["resumed"], rows[3][2]["resumed"]
     print(f"node relaunch onto a warm spare: kill->training {spare:.3f}s vs {relaunch:.3f}s launching a node "
           f"({relaunch / spare:.2f}x sooner)")
+    peer = rows[4][2]
+    print(f"node relaunch restoring a peer's copy: {peer['recomputed']:.0f} steps recomputed vs "
+          f"{rows[2][2]['recomputed']:.0f} from storage, kill->training {peer['resumed']:.3f}s vs {relaunch:.3f}s")
 
 
 def main():

@@ -82,9 +82,12 @@ TEST_CASE("a job spec names the file and field it rejects") {
   CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"preload":"torch"})").find("preload") != std::string::npos);
   CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"policy":{"scaling":{"warm_spares":2}}})")
             .find("field 'scaling.warm_spares' is for the simulator so far") != std::string::npos);
-  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,
-      "policy":{"checkpoint":{"policy":"flash","every_steps":10,"replicas":1}}})")
-            .find("field 'checkpoint.replicas' is for the simulator so far") != std::string::npos);
+  // Copies in peers' memory run live, at the spec's pace.
+  const live::JobSpec copies = live::load_job_spec(write(R"({"job":"j","command":["x"],"total_steps":10,
+      "policy":{"checkpoint":{"policy":"flash","every_steps":10,"replicas":1}},"replica_mb_per_s":250})"));
+  CHECK(copies.replica_mb_per_s == 250);
+  CHECK(error_of(R"({"job":"j","command":["x"],"total_steps":10,"replica_mb_per_s":-1})").find("replica_mb_per_s") !=
+        std::string::npos);
   const live::JobSpec s = live::load_job_spec(write(R"({"job":"j","command":["a","b c"],"total_steps":10,"nodes":3,
       "step_time":"2s","env":{"A":"1"},"data_shards":30})"));
   CHECK(s.command == std::vector<std::string>{"a", "b c"});

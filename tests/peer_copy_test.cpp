@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "agent/replica.h"
+#include "master_harness.h"
 
 using namespace goodput;
 using namespace goodput::ckpt;
 using goodput::agent::HeldReplica;
 using goodput::agent::ReplicaServer;
+using nlohmann::json;
 
 namespace {
 
@@ -52,7 +54,7 @@ void save(FlashCheckpoint& c, int64_t step) {
 void check_holds(FlashCheckpoint& c, int64_t step) {
   const auto l = c.load(step);
   REQUIRE(l);
-  CHECK(l->tier == Tier::Memory);
+  CHECK(l->tier == ckpt::Tier::Memory);
   uint64_t n = 0;
   const uint8_t* w = l->buffer("w", &n);
   const auto want = bytes_of(step, 3 << 20);
@@ -175,4 +177,81 @@ TEST_CASE("a spoiled copy fails its checksum and is never loadable, on the holde
     CHECK(error_of([&] { agent::fetch_replica(relaunched, "run", 10, "127.0.0.1", port, "token", kTimeout); })
               .find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
   }
+}
+
+// ---- the master's side: who holds what, when it is logged, and what a relaunched node is told ----
+
+namespace {
+
+struct CopiesHarness : test::Harness {
+  CopiesHarness()
+      : Harness(Spec{json{{"job", "cp"}, {"nodes", 3}, {"command", {"python3", "train.py"}}, {"total_steps", 100},
+                          {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}, {"replica_mb_per_s", 0}},
+                     load_policy(json{{"checkpoint", {{"policy", "flash"}, {"every_steps", 10}, {"persist_every", 100},
+                                                      {"replicas", 1}}}})}) {}
+  int32_t launched_for(const std::string& name, int32_t slot, uint16_t port) {
+    return post("/v1/register", json{{"name", name}, {"slot", slot}, {"replica_port", port}})["node"].get<int32_t>();
+  }
+  json beat_with(int32_t node, const json& trainer, const json& held = json::array()) {
+    return post("/v1/heartbeat", json{{"node", node}, {"trainer", trainer}, {"held", held}});
+  }
+  static json trainer(int32_t restart, int64_t saved_step, int64_t saves) {
+    return {{"restart", restart}, {"phase", "training"}, {"step", saved_step + 3}, {"saves", saves},
+            {"saved_step", saved_step}, {"loaded", {{"step", 0}, {"tier", "none"}, {"ns", 0}}}};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the master names each node's holders, logs replica_stored once every holder has the newest save, "
+          "and a relaunch restores from the copies") {
+  CopiesHarness h;
+  const int32_t a = h.launched_for("a", 0, 7001), b = h.launched_for("b", 1, 7002), c = h.launched_for("c", 2, 7003);
+  h.tick(10 * kSecond);
+  // Ring placement: slot s's copies go to slot s+1.
+  const json order = h.beat_with(a, {{"restart", -1}, {"phase", "none"}});
+  REQUIRE(order["action"] == "run");
+  CHECK(order["replicate"]["key"] == "cp-run1");
+  CHECK(order["replicate"]["holders"] == json::array({{{"name", "b"}, {"host", "127.0.0.1"}, {"port", 7002}}}));
+  CHECK(order["replicate"]["bytes_per_s"] == 0);
+  CHECK(h.beat_with(c, {{"restart", -1}, {"phase", "none"}})["replicate"]["holders"][0]["name"] == "a");
+  for (int i = 0; i < 2; ++i)
+    for (int32_t n : {a, b, c}) h.beat_with(n, CopiesHarness::trainer(0, 10, 1));
+  REQUIRE(h.master->state().phase() == Phase::Training);
+  REQUIRE(h.events("checkpoint_saved").size() == 1);
+
+  // b holds a's (rank 0) and c holds b's; a does not hold c's yet: nothing is logged.
+  h.beat_with(b, CopiesHarness::trainer(0, 10, 1), json::array({{0, 10}}));
+  h.beat_with(c, CopiesHarness::trainer(0, 10, 1), json::array({{1, 10}}));
+  h.beat_with(a, CopiesHarness::trainer(0, 10, 1), json::array({{2, 0}}));
+  CHECK(h.events("replica_stored").empty());
+  CHECK(h.request("/v1/heartbeat", json{{"node", a}, {"held", json::array({{-1, 10}})}}).status == 400);
+  h.beat_with(a, CopiesHarness::trainer(0, 10, 1), json::array({{2, 10}}));
+  REQUIRE(h.events("replica_stored").size() == 1);
+  CHECK(h.events("replica_stored")[0]["step"] == 10);
+  h.beat_with(a, CopiesHarness::trainer(0, 10, 1), json::array({{2, 10}}));
+  CHECK(h.events("replica_stored").size() == 1);  // once per save
+
+  // a's machine is lost: its slot restores step 10 from b's copy, and the new node is told where it is.
+  h.provider.losses.push_back({"a", "node process killed by signal 9 (a)"});
+  h.tick();
+  const int32_t a2 = h.launched_for("a2", 0, 7004);
+  h.tick(10 * kSecond);
+  const auto restarts = h.events("restart_job");
+  REQUIRE(restarts.size() == 2);
+  CHECK(restarts[1]["restore_tier"] == "peer");
+  CHECK(restarts[1]["restore_step"] == 10);
+  const json relaunched = h.beat_with(a2, {{"restart", -1}, {"phase", "none"}});
+  REQUIRE(relaunched["action"] == "run");
+  CHECK(relaunched["restore_tier"] == "peer");
+  CHECK(relaunched["replicate"]["holders"][0]["name"] == "b");
+  // c's copies now go to the new node.
+  CHECK(h.beat_with(c, CopiesHarness::trainer(0, 10, 1))["replicate"]["holders"][0]["name"] == "a2");
+
+  // Its fetch failed: the reason is logged once, and the trainers' storage restore is what counts.
+  h.post("/v1/heartbeat", json{{"node", a2}, {"fetch_error", "could not fetch step 10 from peers (rank 0: b: refused)"}});
+  const auto said = h.events("status_observed");
+  REQUIRE(said.size() == 1);
+  CHECK(said[0]["object"] == "replica");
+  CHECK(said[0]["name"] == "a2");
 }

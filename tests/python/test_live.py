@@ -545,6 +545,79 @@ class LiveTest(unittest.TestCase):
         if loaded <= 40:  # the fault lands at step 70 or later
             self.assertGreater(assigned, 320, "the failure made some shards go round twice")
 
+    def replica_spec(self, **over):
+        """A memory checkpoint every 30 steps, every second one persisted, and one copy of each in
+        the other node's memory (checkpoint.replicas: 1, ring)."""
+        policy = {"name": "flash+replica (live test)",
+                  "recovery": {"policy": "diagnose", "max_restarts_per_node": 3, "restore_from": "memory"},
+                  "checkpoint": {"policy": "flash", "every_steps": 30, "persist_every": 2, "replicas": 1},
+                  "scaling": {"policy": "wait"}}
+        path = os.path.join(tempfile.mkdtemp(prefix="goodput-policy-"), "policy.json")
+        self.addCleanup(shutil.rmtree, os.path.dirname(path), True)
+        with open(path, "w") as f:
+            json.dump(policy, f)
+        return spec(policy=path, data_shards=320, **over), path
+
+    def test_a_relaunched_node_restores_from_its_peer_s_copy_with_nothing_recomputed_past_the_last_save(self):
+        # Saves at steps 30, 60, 90 (60 persisted); slot 0's machine dies at about step 100 (the
+        # fault is handed over with a heartbeat, a few steps later). Its memory is gone, storage
+        # has step 60, and slot 1's agent holds a copy of step 90: the new node fetches it and the
+        # world restores step 90 (tier peer), not 60 from storage.
+        job, policy = self.replica_spec()
+        run = LiveRun(self, job, [{"fault": "kill-node", "slot": 0, "at_step": 95}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
+                         [("hardware_error", "relaunch_node")])
+        failure = [e for e in ev if e["type"] == "failure_observed"][0]
+        before = [e for e in ev if e["seq"] < failure["seq"]]
+        saved = [e["data"]["step"] for e in before if e["type"] == "checkpoint_saved"]
+        stored = [e["data"]["step"] for e in before if e["type"] == "replica_stored"]
+        self.assertTrue(saved and stored, before)
+        self.assertEqual(stored[-1], saved[-1], "the newest save's copies were logged before the failure")
+        restart = [e["data"] for e in ev if e["type"] == "restart_job" and e["seq"] > failure["seq"]][0]
+        self.assertEqual((restart["restore_tier"], restart["restore_step"]), ("peer", saved[-1]))
+        loaded = of_type(ev, "checkpoint_loaded")[1]
+        self.assertEqual((loaded["tier"], loaded["step"]), ("peer", saved[-1]),
+                         "restored from the peer's copy: nothing recomputed beyond the last memory save")
+        self.assertEqual([s for s in of_type(ev, "status_observed") if s["object"] == "replica"], [])
+        new_node = [j["name"] for j in of_type(ev, "node_joined")][-1]
+        with open(os.path.join(run.run_dir, "nodes", new_node, "agent.log")) as f:
+            self.assertIn(f"fetched rank 0's step {saved[-1]} from local-1", f.read())
+        # The relaunched rank trained on from the peer's state: its first step is the one after it.
+        first = [r for r in run.progress()[(new_node, 1)] if r.get("event") == "step"][0]
+        self.assertEqual(first["step"], saved[-1] + 1)
+        self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
+        report = run.report()
+        self.assertEqual(report["restores"]["peer"], 1, report["restores"])
+        # The live run replays in the simulator within 2 points of its measured goodput.
+        replay = subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json", "--policy", policy],
+                                capture_output=True, text=True)
+        self.assertEqual(replay.returncode, 0, replay.stderr)
+        sim = json.loads(replay.stdout)
+        self.assertAlmostEqual(sim["goodput"], report["goodput"], delta=0.02)
+
+    def test_a_spoiled_copy_is_refused_with_the_reason_and_the_world_restores_from_storage(self):
+        # As above, but the copies slot 1 holds are spoiled first (a bad DIMM on the holder): the
+        # new node's fetch fails its checksum, the reason is logged, and the world loads step 60.
+        job, _ = self.replica_spec()
+        run = LiveRun(self, job, [{"fault": "corrupt-replica", "slot": 1, "at_step": 92},
+                                  {"fault": "kill-node", "slot": 0, "at_step": 100}])
+        self.assertEqual(run.run(), 0, self.diag(run))
+        ev = run.events()
+        failure = [e for e in ev if e["type"] == "failure_observed"][0]
+        restart = [e["data"] for e in ev if e["type"] == "restart_job" and e["seq"] > failure["seq"]][0]
+        self.assertEqual(restart["restore_tier"], "peer", "the master planned on the copies")
+        refused = [s for s in of_type(ev, "status_observed") if s["object"] == "replica"]
+        self.assertEqual(len(refused), 1, refused)
+        self.assertIn(f"could not fetch step {restart['restore_step']} from peers (rank 0: local-1:", refused[0]["status"])
+        self.assertIn("failed its check: checksum mismatch", refused[0]["status"])
+        self.assertIn("restoring from storage", refused[0]["status"])
+        loaded = of_type(ev, "checkpoint_loaded")[1]
+        persisted = [e["data"]["step"] for e in ev if e["type"] == "checkpoint_persisted" and e["seq"] < failure["seq"]]
+        self.assertEqual((loaded["tier"], loaded["step"]), ("storage", persisted[-1]))
+        self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
+
     def test_a_lost_node_s_slot_goes_to_a_warm_spare_at_once_and_the_pool_refills(self):
         # "spares": 1 — a third agent registers beside the world and is told to stop; when slot 0's
         # node is killed its slot goes to the spare in the same decision, the job restarts without
