@@ -33,6 +33,12 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
   std::vector<Duration> restart, rendezvous, scheduling, exit_detect, heartbeat, hang, repair, step_time;
   // The job's real speed: time per step between two checkpoints of one training segment.
   std::optional<std::pair<Time, int64_t>> segment_save;  // (time, step) of the last save, if training since
+  // Over segments without a stall or a slowdown in them (the trace replays those apart): the
+  // time and steps in all, so that the replay makes the same progress in the same time (a median
+  // of segments would leave out the slower first one, the trainers' warm-up).
+  Duration clean_time = 0;
+  int64_t clean_steps = 0;
+  bool tainted = false;
   std::map<NodeId, Time> relaunched_at, failed_at;
   Time restart_at = -1, processes_at = -1;
   Duration restart_delay = 0;
@@ -73,11 +79,19 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
             if (p.action == RecoveryAction::RelaunchNode || p.action == RecoveryAction::RelaunchWithMoreMemory)
               relaunched_at[p.node] = e.time;
           } else if constexpr (std::is_same_v<T, CheckpointSaved>) {
-            if (segment_save && p.step > segment_save->second && p.count == 1)
-              step_time.push_back((e.time - segment_save->first - p.blocking) / (p.step - segment_save->second));
+            if (segment_save && p.step > segment_save->second && p.count == 1) {
+              const Duration d = e.time - segment_save->first - p.blocking;
+              step_time.push_back(d / (p.step - segment_save->second));
+              if (!tainted && open_slowdown.empty() && d > 0) {
+                clean_time += d;
+                clean_steps += p.step - segment_save->second;
+              }
+            }
             segment_save = {e.time, p.step};
+            tainted = false;
           } else if constexpr (std::is_same_v<T, CheckpointLoaded>) {
             segment_save = {e.time, p.step};
+            tainted = false;
           } else if constexpr (std::is_same_v<T, RestartJob>) {
             segment_save.reset();
             first_world_done = true;
@@ -127,6 +141,7 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
             }
             raw.emplace_back(p.node, te);
           } else if constexpr (std::is_same_v<T, SlowdownObserved>) {
+            tainted = true;
             if (p.slowdown_permille > 1000) {
               TraceEvent te;
               te.t = e.time - start;
@@ -139,6 +154,7 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
               open_slowdown.erase(it);
             }
           } else if constexpr (std::is_same_v<T, StallObserved>) {
+            tainted = true;
             if (p.resumed) {  // a stall that ended by itself replays as a pause of its length
               TraceEvent te;
               te.t = std::max<Time>(0, std::min(p.stalled_since, e.time) - start);
@@ -187,7 +203,8 @@ Trace trace_from_log(const EventStore& log, const std::string& name, int64_t* ch
   t.job.node_scheduling = median(scheduling, d.node_scheduling);
   t.job.process_restart = median(restart, d.process_restart);
   // A live log measured its steps; a simulated one has them exactly (the same value comes back).
-  if (step_time.size() >= 2) t.job.step_time = std::max<Duration>(median(step_time, t.job.step_time), 1);
+  if (step_time.size() >= 2)
+    t.job.step_time = std::max<Duration>(clean_steps > 0 ? clean_time / clean_steps : median(step_time, t.job.step_time), 1);
   t.job.rendezvous = median(rendezvous, d.rendezvous);
   t.job.exit_detection = median(exit_detect, d.exit_detection);
   t.job.heartbeat_timeout = median(heartbeat, d.heartbeat_timeout);

@@ -449,3 +449,55 @@ TEST_CASE("an operator's check of a training job waits for its next checkpoint, 
   CHECK(g.post("/v1/check", json{{"slots", {0}}, {"now", true}})["when"] == "now");
   CHECK(g.events("check_requested").size() == 1);
 }
+
+TEST_CASE("spares are checked beside the training world; a faulty one leaves the pool and another is asked for") {
+  json spec = Harness::spec_with(json::object(), 2).spec;
+  spec["spares"] = 2;
+  Harness h(Harness::Spec{spec});
+  const int32_t a = h.join("a", 7001), b = h.join("b", 7002);
+  h.tick();
+  REQUIRE(h.beat(a)["action"] == "check");
+  h.beat(b);
+  h.beat(a, result(1, 1000, true, 900));
+  h.beat(b, result(1, 1000, true, 800));
+  h.tick();
+  CHECK(h.beat(a)["action"] == "run");  // the world passed and trains
+
+  // Two spares join while it trains: they are checked (against each other), the world is not stopped.
+  const int32_t s1 = h.join("s1", 7003), s2 = h.join("s2", 7004);
+  h.tick();
+  const json q1 = h.beat(s1), q2 = h.beat(s2);
+  REQUIRE(q1["action"] == "check");
+  CHECK(q1["check"]["peer"] == s2);
+  CHECK(q2["check"]["peer"] == s1);
+  CHECK(h.beat(a)["action"] == "run");
+  CHECK(h.beat(b)["action"] == "run");
+  h.beat(s1, result(1, 1000, true, 850));
+  json bad = result(1, 1000, true);
+  bad["compute_ok"] = false;
+  bad["error"] = "matrix product differs from the exact result at (1,2): 5.000000 instead of 4";
+  h.beat(s2, bad);
+  h.tick();
+  const auto checked = h.events("node_checked");
+  REQUIRE(checked.size() == 4);
+  CHECK(checked[2]["node"] == s1);
+  CHECK(checked[2]["verdict"] == "passed");
+  CHECK(checked[3]["node"] == s2);
+  CHECK(checked[3]["verdict"] == "faulty");
+  // Nothing was decided for the world; the faulty spare's machine goes back and another is asked for.
+  CHECK(h.events("failure_observed").empty());
+  CHECK(h.events("recovery_decided").empty());
+  const std::vector<std::string> want = {"launch 0 1000", "launch 1 1000", "launch 2 1000", "launch 3 1000",
+                                         "terminate s2", "launch 2 1000"};
+  CHECK(h.provider.calls == want);
+  CHECK(h.beat(s2)["action"] == "exit");
+  CHECK(h.beat(s1)["action"] == "stop");  // checked, idle
+  CHECK(h.beat(a)["action"] == "run");
+
+  // A resumed master folds the same: the faulty spare stays out of the pool, replaced once.
+  h.new_master(spec);
+  h.tick();
+  CHECK(h.beat(s2)["action"] == "exit");
+  CHECK(h.beat(s1)["action"] == "stop");
+  CHECK(h.provider.calls == want);
+}

@@ -46,6 +46,9 @@ LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, con
     folding_ = true;
     store.for_each([&](const Event& e) { append(e); });
     folding_ = false;
+    // Spares the log found faulty were replaced by the master that logged it: not again (one that
+    // crashed between the verdict and the launch leaves the pool one short).
+    checks_.failed_spares(world_);
     master_.resume_from(store);
     if (provider_) provider_->set_layout(world_.groups());  // as scaled in the log
     // Every node we knew gets a full heartbeat timeout to find the new master.
@@ -73,6 +76,8 @@ void LiveMaster::append(const Event& e) {
           stragglers_.fold(p);
         } else if constexpr (std::is_same_v<T, NodeChecked> || std::is_same_v<T, CheckRequested>) {
           checks_.fold(p);
+          if constexpr (std::is_same_v<T, NodeChecked>)  // a spare found faulty leaves the pool
+            if (Node* n = world_.node(p.node); n && n->slot < 0 && p.verdict == "faulty") n->gone = true;
         } else if constexpr (std::is_same_v<T, StallObserved>) {
           failures_.fold(p);
         } else if constexpr (std::is_same_v<T, FailureObserved>) {
@@ -218,20 +223,28 @@ json LiveMaster::register_node(const RegisterRequest& req) {
 json LiveMaster::assignment(const Node& n) const {
   json out{{"node", n.id}, {"slot", n.slot}, {"heartbeat_interval_ms", spec_.heartbeat_interval / kMillisecond}};
   const JobState& s = master_.state();
+  // The collective probe's program: any node checked may be asked to host a pair's rank 0.
+  auto with_collective = [&] {
+    if (spec_.node_check.collective.empty()) return;
+    json env = json::array();
+    for (const auto& [k, v] : spec_.env) env.push_back(k + "=" + v);
+    out["check_collective"] = {{"argv", spec_.node_check.collective}, {"env", env}};
+  };
   if (s.finished() || n.gone) {
     out["action"] = "exit";
   } else if (n.slot >= 0 && n.slot < world_.size() && checks_.pending(world_)) {
     // Nobody trains until every node of the world has passed its check.
     out["action"] = "stop";
-    if (!spec_.node_check.collective.empty()) {  // every node may be asked to host a pair's rank 0
-      json env = json::array();
-      for (const auto& [k, v] : spec_.env) env.push_back(k + "=" + v);
-      out["check_collective"] = {{"argv", spec_.node_check.collective}, {"env", env}};
-    }
+    with_collective();
     if (json c = checks_.order(n, world_); !c.is_null()) {
       out["action"] = "check";
       out["check"] = std::move(c);
     }
+  } else if (json c = n.slot < 0 ? checks_.order(n, world_) : json(); !c.is_null()) {
+    // A spare is checked while the world trains, to be known good when it takes a slot.
+    out["action"] = "check";
+    out["check"] = std::move(c);
+    with_collective();
   } else if (n.slot < 0 || n.slot >= world_.size() || s.restart_jobs() == 0 || s.phase() == Phase::Scheduling ||
              s.phase() == Phase::WaitingForCapacity || s.needs_restart() || clock_.now() < run_at_ || !world_.ranks_held()) {
     // A spare, or the world is between restarts or misses a rank (a parameter server's slot that
@@ -629,6 +642,15 @@ void LiveMaster::run_checks() {
 }
 
 void LiveMaster::act_on_checks() {
+  // A spare found faulty has left the pool (the fold marked it gone): its machine goes back and
+  // another spare is asked for in its stead. Nothing is decided for the world, which trains on.
+  for (NodeId id : checks_.failed_spares(world_)) {
+    if (finished() || !provider_) break;
+    const Node* n = world_.node(id);
+    notes_.push_back("goodput: spare " + n->name + " failed its node check: replaced");
+    provider_->terminate(n->name);
+    provider_->launch(world_.slot_count(), 1000);
+  }
   // Verdicts become observations for the policies: a faulty node is a failure ("node check failed"
   // reads as a hardware error), a straggler a slowdown with its measured ratio. Each once; a
   // master resumed from its log acts on a verdict the old one logged but did not act on.

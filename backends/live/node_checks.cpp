@@ -50,7 +50,7 @@ void NodeChecks::fold(const CheckRequested& p) {
 
 bool NodeChecks::active(const World& world, NodeId id) const {
   const Node* n = world.node(id);
-  return n && !n->gone && n->slot >= 0;
+  return n && !n->gone;  // holding a slot, or a spare
 }
 
 bool NodeChecks::pending(const World& world) const {
@@ -134,6 +134,12 @@ bool NodeChecks::start_first_round(World& world, Time now) {
     if (st.wanted && st.verdict.empty()) fresh.push_back(n->id);
     else if (st.verdict != "faulty") checked.push_back(n->id);  // a partner: one that passed (or was not checked)
   }
+  // Spares are checked as they join, while the world trains: a lost node's slot then takes one
+  // that is known good, without a check round of its own.
+  for (const auto& [id, n] : world.nodes())
+    if (!n.gone && n.slot < 0)
+      if (const auto it = nodes_.find(id); it != nodes_.end() && it->second.wanted && it->second.verdict.empty())
+        fresh.push_back(id);
   if (fresh.empty()) return false;
   checked = by_link(std::move(checked));
   std::vector<NodeId> peers(fresh.size(), -1);
@@ -239,6 +245,16 @@ bool NodeChecks::start_second_round(const World& world, Time now) {
                                      : nodes_[suspects[i]].peer;
   start_round(2, suspects, peers, now);
   return true;
+}
+
+std::vector<NodeId> NodeChecks::failed_spares(const World& world) {
+  std::vector<NodeId> out;
+  for (auto& [id, st] : nodes_)
+    if (const Node* n = world.node(id); n && n->slot < 0 && st.verdict == "faulty" && !st.acted) {
+      st.acted = true;
+      out.push_back(id);
+    }
+  return out;
 }
 
 std::optional<NodeChecks::Verdict> NodeChecks::next_to_act(const World& world) {

@@ -1,6 +1,7 @@
 // The pre-flight node check: rounds of checks, their verdicts, and which verdicts are still to act on.
 //
-// Every node is checked once, when the world it joined is complete: round 1 pairs the new nodes
+// Every node is checked once, when the world it joined is complete (a spare too, beside the
+// training world, so that a lost node's slot takes a node known good): round 1 pairs the new nodes
 // (each measures its link to its partner, so both directions are tried; an odd one goes to the
 // fastest node already checked); a node with a wrong product is faulty at once; one whose link
 // failed is a suspect, and round 2 pairs each suspect (slowest first) with a node that passed
@@ -80,6 +81,8 @@ class NodeChecks {
     int32_t slowdown_permille = 0;
   };
   std::optional<Verdict> next_to_act(const World& world);
+  // Spares found faulty whose verdict is not acted on yet (marked acted): they leave the pool.
+  std::vector<NodeId> failed_spares(const World& world);
 
  private:
   struct State {
@@ -96,7 +99,7 @@ class NodeChecks {
     NodeId peer = -1;
     std::optional<CheckReport> report;  // its agent's result for id
   };
-  bool active(const World& world, NodeId id) const;  // still in the job, holding a slot
+  bool active(const World& world, NodeId id) const;  // still in the job, holding a slot or a spare
   void start_round(int32_t round, std::vector<NodeId> members, const std::vector<NodeId>& peers, Time now);
   std::vector<NodeId> by_link(std::vector<NodeId> ids);  // fastest measured link first
 
