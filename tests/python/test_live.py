@@ -622,7 +622,11 @@ class LiveTest(unittest.TestCase):
         # "spares": 1 — a third agent registers beside the world and is told to stop; when slot 0's
         # node is killed its slot goes to the spare in the same decision, the job restarts without
         # waiting for a machine, and the node launched in its stead joins as the next spare.
-        run = LiveRun(self, spec(spares=1, data_shards=320), [{"fault": "kill-node", "slot": 0, "at_step": 70}])
+        # With node checks on, the spares are checked beside the training world: the slot takes a
+        # node known good, with no check round between the failure and the restart. (Four probes
+        # share two cores and one loopback here: the link figures are noise, not stragglers.)
+        run = LiveRun(self, spec(spares=1, data_shards=320, node_check={"compute": "200ms", "straggler_factor": 100}),
+                      [{"fault": "kill-node", "slot": 0, "at_step": 70}])
         self.assertEqual(run.run(), 0, self.diag(run))
         ev = run.events()
         self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
@@ -636,6 +640,14 @@ class LiveTest(unittest.TestCase):
         restart = [e for e in ev if e["type"] == "restart_job" and e["seq"] > decided["seq"]][0]
         self.assertLess(restart["seq"], joins[3]["seq"], "the restart did not wait for the new machine")
         self.assertEqual(of_type(ev, "no_spare_node"), [])
+        checked = [e for e in ev if e["type"] == "node_checked"]
+        spare_checked = [c for c in checked if c["data"]["node"] == spare["node"]]
+        self.assertEqual([c["data"]["verdict"] for c in spare_checked], ["passed"], checked)
+        self.assertLess(spare_checked[0]["seq"], decided["seq"], "checked before it was needed")
+        self.assertEqual([c for c in checked if decided["seq"] < c["seq"] < restart["seq"]], [],
+                         "no check between the failure and the restart")
+        refill = [c for c in checked if c["data"]["node"] == joins[3]["data"]["node"]]
+        self.assertEqual([c["data"]["verdict"] for c in refill], ["passed"], "the new spare is checked too")
         # The spare trained as the lost node's rank, from the storage checkpoint, and the dataset
         # was trained exactly once.
         prog = run.progress()
