@@ -20,7 +20,7 @@ Two measurements, each from real processes, real signals and the job's own recor
    from a peer's copy of its memory checkpoint (checkpoint.replicas: 1), and onto a warm spare
    ("spares": 1), against the same run's cold start, with the steps each recomputed.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/live_recovery.py [--runs 3] [--faults]
+    PYTHONPATH=build/python /usr/bin/python3 bench/live_recovery.py [--runs 3] [--faults | --faults-only]
 """
 
 import argparse
@@ -279,9 +279,11 @@ def main():
     ap.add_argument("--kill-step", type=int, default=150, help="rank 1 is killed near this step")
     ap.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
     ap.add_argument("--faults", action="store_true", help="also the one-process-per-node goodput run table")
+    ap.add_argument("--faults-only", action="store_true", help="only that table (no torchrun comparison)")
     args = ap.parse_args()
-    compare_torchrun(args)
-    if args.faults:
+    if not args.faults_only:
+        compare_torchrun(args)
+    if args.faults or args.faults_only:
         print()
         faults_table(args)
 

@@ -705,6 +705,45 @@ class KubeBackendTest(unittest.TestCase):
         self.assertFalse(where[0].startswith(f"Running on {bad['node']};"), where)
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
+    def test_a_lost_node_s_slot_goes_to_a_spare_pod_that_restores_its_peer_s_copy(self):
+        # "spares": 1 and checkpoint.replicas: 1 on Kubernetes: a third pod (its image pulled, its
+        # agent registered) waits beside the two of the world, and each memory checkpoint is copied
+        # to the other rank's pod. Slot 0's node goes down after the save at step 90: the spare pod
+        # takes the slot in the same decision, fetches rank 0's step from slot 1's pod, and the
+        # world restores it (tier peer); the pod asked for in the slot's stead joins as a spare.
+        emu = Emulator(self, nodes=4)
+        policy = {"recovery": {"policy": "diagnose", "restore_from": "memory"},
+                  "checkpoint": {"policy": "flash", "every_steps": 30, "persist_every": 2, "replicas": 1},
+                  "scaling": {"policy": "wait"}}
+        run = LiveRun(self, kube_spec(emu, spares=1, policy=policy, data_shards=320))
+
+        def node_down():
+            run.wait_for_step(100)
+            emu.ok("POST", "/_emulator/node-down",
+                   {"node": emu.pods()[emu.pod_of_slot(run, 0)]["spec"]["nodeName"], "form": "unknown"})
+
+        self.assertEqual(run.run_while(node_down), 0, run.diag())
+        ev = run.events()
+        self.assertEqual(decisions(ev), [("hardware_error", "relaunch_node", 1000)])
+        joins = [e for e in ev if e["type"] == "node_joined"]
+        self.assertEqual(sorted(j["data"]["slot"] for j in joins[:3]), [-1, 0, 1], "two ranks and a spare pod")
+        spare = [j["data"] for j in joins[:3] if j["data"]["slot"] == -1][0]
+        self.assertEqual(len(joins), 4, joins)
+        self.assertEqual(joins[3]["data"]["slot"], -1, "the replacement pod refills the pool")
+        decided = [e for e in ev if e["type"] == "recovery_decided"][0]
+        restart = [e for e in ev if e["type"] == "restart_job" and e["seq"] > decided["seq"]][0]
+        self.assertLess(restart["seq"], joins[3]["seq"], "the restart did not wait for the new pod")
+        self.assertEqual(restart["data"]["restore_tier"], "peer")
+        stored = [e["data"]["step"] for e in ev if e["type"] == "replica_stored" and e["seq"] < decided["seq"]]
+        self.assertEqual(stored[-1], restart["data"]["restore_step"])
+        loaded = of_type(ev, "checkpoint_loaded")[1]
+        self.assertEqual((loaded["tier"], loaded["step"]), ("peer", restart["data"]["restore_step"]))
+        self.assertEqual([s for s in of_type(ev, "status_observed") if s["object"] == "replica"], [])
+        self.assertEqual(len(emu.created()), 4, "two ranks, a spare, and the spare that refills the pool")
+        self.assertIn(spare["name"], [p["metadata"]["name"] for p in emu.created()[:3]])
+        self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_no_node_free_for_a_replacement_the_elastic_world_trains_on_without_it(self):
         # Three pods on three nodes; slot 2's node goes NotReady. Its replacement pod finds no node
         # (the others run a pod each): the scheduler marks it Unschedulable, and after

@@ -210,6 +210,39 @@ class RayBackendTest(unittest.TestCase):
         self.assertEqual(of_type(ev, "checkpoint_loaded")[1]["tier"], "storage", "the dead node took its memory")
         self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
 
+    def test_a_lost_node_s_slot_goes_to_a_spare_ray_job_that_restores_its_peer_s_copy(self):
+        # "spares": 1 and checkpoint.replicas: 1 on Ray: a third job is placed and its agent waits;
+        # each memory checkpoint is copied to the other rank's node. Slot 0's Ray node dies after
+        # the save at step 90: the spare takes the slot at once and restores rank 0's step from
+        # slot 1's copy (tier peer); the job submitted in its stead joins as the next spare.
+        emu = Emulator(self, nodes=4)
+        policy = {"recovery": {"policy": "diagnose", "restore_from": "memory"},
+                  "checkpoint": {"policy": "flash", "every_steps": 30, "persist_every": 2, "replicas": 1},
+                  "scaling": {"policy": "wait"}}
+        run = LiveRun(self, ray_spec(emu, spares=1, policy=policy, data_shards=320))
+
+        def kill_node():
+            run.wait_for_step(100)
+            slot0 = [j["name"] for j in of_type(run.events(), "node_joined") if j["slot"] == 0][0]
+            emu.json("POST", "/_emulator/kill-node", {"node_ip": emu.job_of(slot0)["driver_info"]["node_ip_address"]})
+
+        self.assertEqual(run.run_while(kill_node), 0, run.diag())
+        ev = run.events()
+        self.assertEqual([(d["diagnosis"], d["action"]) for d in of_type(ev, "recovery_decided")],
+                         [("hardware_error", "relaunch_node")])
+        joins = [e for e in ev if e["type"] == "node_joined"]
+        self.assertEqual(sorted(j["data"]["slot"] for j in joins[:3]), [-1, 0, 1], "two ranks and a spare job")
+        self.assertEqual([j["data"]["slot"] for j in joins[3:]], [-1], "the new job refills the pool")
+        decided = [e for e in ev if e["type"] == "recovery_decided"][0]
+        restart = [e for e in ev if e["type"] == "restart_job" and e["seq"] > decided["seq"]][0]
+        self.assertLess(restart["seq"], joins[3]["seq"], "the restart did not wait for the new job")
+        self.assertEqual(restart["data"]["restore_tier"], "peer")
+        loaded = of_type(ev, "checkpoint_loaded")[1]
+        self.assertEqual((loaded["tier"], loaded["step"]), ("peer", restart["data"]["restore_step"]))
+        self.assertEqual(len(emu.submits()), 4)
+        self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
+        self.assertEqual(of_type(ev, "job_finished")[-1]["reason"], "completed")
+
     def test_a_node_that_fails_its_check_is_relaunched_on_another_ray_node(self):
         # Slot 1's first node computes wrong products in its pre-flight check: a hardware error.
         # Each emulated Ray node takes one of this job's nodes ("goodput_node": 1), so without
