@@ -28,7 +28,7 @@ JobSpec with_replicas(JobSpec spec) {
 }
 }  // namespace
 
-LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, const Clock& clock,
+LiveMaster::LiveMaster(JobSpec spec, PolicySet policies, EventStore& store, const Clock& clock,
                        NodeProvider* provider, std::string run_id)
     : spec_(with_replicas(std::move(spec))),
       clock_(clock),

@@ -49,7 +49,7 @@ class LiveMaster final : public Backend, public EventSink {
   // With a fresh store, starts the job; with a store that holds a log, resumes it.
   // run_id: unique to this run of the job (survives master restarts); it names the run's shared
   // memory, so a new run never loads an old run's checkpoints.
-  LiveMaster(JobSpec spec, PolicySet policies, SqliteStore& store, const Clock& clock, NodeProvider* provider,
+  LiveMaster(JobSpec spec, PolicySet policies, EventStore& store, const Clock& clock, NodeProvider* provider,
              std::string run_id);
 
   // ---- the agent protocol (MasterApi reads the wire and calls these). Each answers with what the
@@ -97,7 +97,7 @@ class LiveMaster final : public Backend, public EventSink {
   const World& world() const { return world_; }
   const NodeChecks& checks() const { return checks_; }
   const RestartJob& restart() const { return restart_; }
-  const SqliteStore& store() const { return store_; }
+  const EventStore& store() const { return store_; }
   int64_t newest_step() const { return world_.newest_step(); }  // highest step any trainer reported
   Time now() const { return clock_.now(); }
   struct Refusals {
@@ -137,7 +137,7 @@ class LiveMaster final : public Backend, public EventSink {
   const Clock& clock_;
   NodeProvider* provider_;
   std::string run_id_;
-  SqliteStore& store_;
+  EventStore& store_;
   JobMaster master_;
   ShardLedger ledger_;
   World world_;
