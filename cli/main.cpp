@@ -14,6 +14,7 @@
 #include "cli/ckpt.h"
 #include "cli/k8s_convert.h"
 #include "cli/operator.h"
+#include "cli/vopr.h"
 #include "cli/live.h"
 #include "cli/torchrun.h"
 #include "agent/checkpoint/flash_checkpoint.h"
@@ -587,6 +588,7 @@ int main(int argc, char** argv) {
   add_torchrun_command(app, rc);
   add_k8s_commands(app, rc);
   add_operator_command(app, rc);
+  add_vopr_command(app, rc);
 
   BenchOptions bo;
   auto* bench = app.add_subcommand("bench", "Benchmarks: core loop, replay, Monte Carlo (ratios against baselines)");

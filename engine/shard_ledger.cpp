@@ -9,6 +9,7 @@ void ShardLedger::reset(int64_t shards) {
   queued_.clear();
   for (int64_t i = 0; i < total(); ++i) queued_.insert(queued_.end(), i);
   done_ = duplicates_ = rejected_ = 0;
+  generation_ = 0;
 }
 
 std::optional<int64_t> ShardLedger::next_queued() const {
@@ -59,15 +60,19 @@ void ShardLedger::apply(const Event& e) {
             s.done = true;
             s.state = p.node;
             s.step = p.step;
+            s.generation = generation_;
           }
         } else if constexpr (std::is_same_v<T, RestartJob>) {
           // Trainers restart: whatever they held and did not finish goes back to the queue.
+          ++generation_;
           for (int64_t i = 0; i < total(); ++i)
             if (!state_[i].done && state_[i].state != kQueued) requeue(i);
         } else if constexpr (std::is_same_v<T, CheckpointLoaded>) {
-          // Work done after the loaded step is gone from the model: do it again.
+          // Work done before this restart after the loaded step is gone from the model: do it
+          // again. Not the restart's own: the world trains on from the loaded step as soon as every
+          // rank loaded it, and a late report may get this event logged after its first saves.
           for (int64_t i = 0; i < total(); ++i)
-            if (state_[i].done && state_[i].step > p.step) requeue(i);
+            if (state_[i].done && state_[i].step > p.step && state_[i].generation < generation_) requeue(i);
         }
       },
       e.payload);

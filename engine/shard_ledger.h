@@ -34,6 +34,7 @@ class ShardLedger {
     int64_t state = kQueued;  // kQueued, or the node it is assigned to (>= 0), or done
     bool done = false;
     int64_t step = 0;  // done: inside the checkpoint of this step
+    int32_t generation = 0;  // done: in the generation-th restart
   };
   void requeue(int64_t i);
   std::vector<Shard> state_;
@@ -41,6 +42,7 @@ class ShardLedger {
   int64_t done_ = 0;
   int64_t duplicates_ = 0;
   int64_t rejected_ = 0;
+  int32_t generation_ = 0;  // RestartJob events so far
 };
 
 }  // namespace goodput

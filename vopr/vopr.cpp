@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <deque>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -94,13 +95,16 @@ struct Trainer {
   bool loaded = false, done = false, hung = false;
   std::optional<json> exit;  // code, signal, reason, done
   Time exited_at = 0;
-  // Data shards: the one being trained, those finished since the last save, completions to send.
+  // Data shards, one per block of kShardSteps steps (none when the service had none to give, as
+  // the example trains on other data then): the block's, those finished since the last save, and
+  // completions to send.
   std::optional<int64_t> shard;
-  int64_t shard_until = 0;  // the step its block ends at
+  int64_t block_until = -1;  // the step the block in progress ends at (none: step >= it)
   std::vector<int64_t> finished;
   std::deque<std::pair<int64_t, std::vector<int64_t>>> to_complete;  // (save step, shards)
   int64_t shard_requests = 0;
-  bool no_more_shards = false;
+  int32_t refusals = 0;  // completions refused in a row
+  bool save_due = false;  // a checkpoint to commit once its shards are acknowledged
 };
 
 struct Call {
@@ -162,14 +166,22 @@ class Sim final : public live::NodeProvider {
                       {"heartbeat_interval", "200ms"},
                       {"heartbeat_timeout", "2s"},
                       {"hang_timeout", "3s"},
+                      {"join_timeout", "15s"},
                       {"data_shards", o.nodes * o.total_steps / kShardSteps},
                       {"storage_dir", "/sim/storage"}};
-    policy_json_ = json{{"recovery", {{"policy", "diagnose"}, {"max_restarts_per_node", 100000}, {"restore_from", "memory"}}},
+    policy_json_ = json{{"recovery", {{"policy", "diagnose"}, {"max_restarts_per_node", 1000}, {"restore_from", "memory"}}},
                         {"checkpoint", {{"policy", "flash"}, {"every_steps", 20}, {"persist_every", 2}}},
                         {"scaling", {{"policy", "wait"}}}};
   }
 
   Result run() {
+    // What the master says on its console goes into the history, not to this process's stderr.
+    struct Capture {
+      std::stringstream text;
+      std::streambuf* was = std::cerr.rdbuf(text.rdbuf());
+      ~Capture() { std::cerr.rdbuf(was); }
+    } console;
+    console_ = &console.text;
     try {
       start_master();
       const int64_t last = o_.steps + o_.calm_steps;
@@ -191,10 +203,18 @@ class Sim final : public live::NodeProvider {
       result_.failure = std::string("unexpected exception: ") + e.what();
       result_.failed_at_step = step_;
     }
+    said();
+    console_ = nullptr;
     DigestSink digest;
     for (const Event& e : disk_.durable()) digest.append(e);
     result_.log_digest = digest.hex();
     result_.events = disk_.durable().size();
+    if (!result_.ok)
+      for (size_t i = 0; i < disk_.durable().size(); ++i) {
+        const Event& e = disk_.durable()[i];
+        result_.log_tail.push_back(seconds(e.time) + " #" + std::to_string(e.seq) + " " + std::string(event_type_name(e.payload)) +
+                                   " " + payload_to_json(e.payload).dump());
+      }
     return std::move(result_);
   }
 
@@ -244,7 +264,18 @@ class Sim final : public live::NodeProvider {
   bool faulty() const { return o_.faults && step_ < o_.steps; }
   bool chance(double p) { return p > 0 && rng_.uniform() < p; }
   void count(const std::string& kind) { ++result_.faults[kind]; }
-  void note(const std::string& what) { result_.history.push_back(seconds(now_.t) + " " + what); }
+  void note(const std::string& what) {
+    said();
+    result_.history.push_back(seconds(now_.t) + " " + what);
+  }
+  // The master's console lines so far, into the history.
+  void said() {
+    if (!console_) return;
+    std::string line;
+    while (std::getline(*console_, line))
+      if (!line.empty()) result_.history.push_back(seconds(now_.t) + " (master) " + line);
+    console_->clear();
+  }
 
   // The master acts on the world (a launch, a run order): everything it logged must be durable.
   void acting(const std::string& what) {
@@ -256,10 +287,14 @@ class Sim final : public live::NodeProvider {
   void start_master() {
     api_.reset();
     master_.reset();
-    master_ = std::make_unique<live::LiveMaster>(live::job_spec_from_json(spec_json_, "", "."), load_policy(policy_json_),
-                                                 disk_, now_, this, "run1");
-    api_ = std::make_unique<live::MasterApi>(*master_, kToken);
-    disk_.flush();  // the first events (a fresh job) are committed before anything answers
+    try {
+      master_ = std::make_unique<live::LiveMaster>(live::job_spec_from_json(spec_json_, "", "."), load_policy(policy_json_),
+                                                   disk_, now_, this, "run1");
+      api_ = std::make_unique<live::MasterApi>(*master_, kToken);
+      disk_.flush();  // the first events (a fresh job) are committed before anything answers
+    } catch (const StoreError& e) {
+      crash_master(e.what());
+    }
   }
 
   void crash_master(const std::string& why) {
@@ -511,7 +546,7 @@ class Sim final : public live::NodeProvider {
     for (const auto& [name, b] : agents_) {
       if (!b.alive || b.t.restart != t.restart || b.t.world != t.world || b.t.hung) continue;
       if (b.t.phase == phase || (phase == "rendezvous" && (b.t.phase == "loaded" || b.t.phase == "training")) ||
-          (phase == "loaded" && b.t.phase == "training") || (phase == "training" && b.t.done))
+          (phase == "loaded" && b.t.phase == "training") || b.t.done)
         ++ranks;
     }
     return ranks >= t.world;
@@ -533,29 +568,34 @@ class Sim final : public live::NodeProvider {
       t.phase_at = t.progress_at = now_.t;
     } else if (t.phase == "training" && world_at(t, "training")) {
       const int64_t shards = spec_json_["data_shards"].get<int64_t>();
-      for (int i = 0; i < kTick / kStepTime && !t.done; ++i) {
-        if (shards > 0 && !t.shard && !t.no_more_shards) return;  // waits for its next shard
+      for (int i = 0; i < kTick / kStepTime; ++i) {
+        if (!t.to_complete.empty()) return;  // save() waits for its shards to be acknowledged...
+        if (t.save_due) save(t);             // ...before it commits the checkpoint holding them
+        if (t.step >= t.total) {  // the last step is saved and acknowledged: done
+          exit_trainer(t, json{{"code", 0}, {"signal", 0}, {"reason", ""}, {"done", true}});
+          t.done = true;
+          return;
+        }
+        if (shards > 0 && t.step >= t.block_until) return;  // waits for its next shard
         ++t.step;
         t.progress_at = now_.t;
-        if (t.shard && t.step >= t.shard_until) {
+        if (t.shard && t.step >= t.block_until) {
           t.finished.push_back(*t.shard);
           t.shard.reset();
         }
-        if ((t.every > 0 && t.step % t.every == 0) || t.step == t.total) save(t);
-        if (t.step >= t.total) {
-          t.done = true;
-          exit_trainer(t, json{{"code", 0}, {"signal", 0}, {"reason", ""}, {"done", true}});
-          t.done = true;
+        if ((t.every > 0 && t.step % t.every == 0) || t.step == t.total) {
+          if (!t.finished.empty()) t.to_complete.emplace_back(t.step, std::exchange(t.finished, {}));
+          t.save_due = true;
         }
       }
     }
   }
 
   void save(Trainer& t) {
+    t.save_due = false;
     ++t.saves;
     t.saved_step = t.step;
     if ((t.persist_every > 0 && t.saves % t.persist_every == 0) || t.step == t.total) storage_[t.rank].insert(t.step);
-    if (!t.finished.empty()) t.to_complete.emplace_back(t.step, std::exchange(t.finished, {}));
   }
 
   void trainer_call(Agent& a) {
@@ -565,7 +605,7 @@ class Sim final : public live::NodeProvider {
     if (!t.to_complete.empty()) {
       const auto& [step, shards] = t.to_complete.front();
       send(a, true, {"/v1/shards/complete", json{{"node", a.node}, {"restart", t.restart}, {"step", step}, {"shards", shards}}});
-    } else if (t.phase == "training" && !t.shard && !t.no_more_shards && spec_json_["data_shards"].get<int64_t>() > 0) {
+    } else if (t.phase == "training" && t.step >= t.block_until && t.step < t.total && spec_json_["data_shards"].get<int64_t>() > 0) {
       send(a, true, {"/v1/shards/next", json{{"node", a.node}, {"restart", t.restart}, {"request", t.shard_requests}}});
     }
   }
@@ -574,20 +614,26 @@ class Sim final : public live::NodeProvider {
     Trainer& t = a.t;
     if (b.contains("done") && b.contains("of")) {  // a completion acknowledged
       if (!t.to_complete.empty()) t.to_complete.pop_front();
+      t.refusals = 0;
       return;
     }
-    if (status == 409 && !t.to_complete.empty()) {  // not ours any more (a restore put them back)
-      t.to_complete.pop_front();
+    if (status == 409 && !t.to_complete.empty()) {
+      // As goodput.live does: a 409 is tried again for about 10 s (the master may be between
+      // restarts), then the trainer fails.
+      if (++t.refusals >= 50) {
+        note("a trainer gives up acknowledging its shards: " + b.dump());
+        exit_trainer(t, json{{"code", 1}, {"signal", 0}, {"reason", "RuntimeError: goodput master refused /v1/shards/complete"},
+                             {"done", false}});
+      }
       return;
     }
     if (status != 200 || t.phase != "training") return;
+    if (!b.contains("shard") || t.step < t.block_until) return;
     ++t.shard_requests;
-    if (b.contains("shard") && b["shard"].is_number_integer()) {
-      t.shard = b["shard"].get<int64_t>();
-      t.shard_until = t.step + kShardSteps;
-    } else if (b.contains("shard")) {
-      t.no_more_shards = true;
-    }
+    if (b["shard"].is_number_integer()) t.shard = b["shard"].get<int64_t>();
+    else note(a.name + " trains steps " + std::to_string(t.step + 1) + "-" + std::to_string(t.step + kShardSteps) +
+              " without a shard: " + b.dump());
+    t.block_until = t.step + kShardSteps;
   }
 
   bool all_left() const {
@@ -641,7 +687,7 @@ class Sim final : public live::NodeProvider {
     const ShardLedger& l = master_->shards();
     if (l.done() != l.total() || l.duplicates() != 0)
       throw Violation{"data shards: " + std::to_string(l.done()) + " of " + std::to_string(l.total()) + " done, " +
-                      std::to_string(l.duplicates()) + " trained twice"};
+                      std::to_string(l.duplicates()) + " trained twice, " + std::to_string(l.rejected()) + " completions refused"};
   }
 
   struct ManualClock final : Clock {
@@ -658,6 +704,7 @@ class Sim final : public live::NodeProvider {
   std::unique_ptr<live::LiveMaster> master_;
   std::unique_ptr<live::MasterApi> api_;
   Time down_until_ = 0;
+  std::stringstream* console_ = nullptr;
   std::map<std::string, Agent> agents_;
   std::deque<InFlight> net_;
   std::vector<std::pair<Time, live::LostNode>> losses_;
@@ -683,6 +730,10 @@ std::string describe(const Options& o, const Result& r, bool full_history) {
     const size_t from = full_history || r.history.size() <= 60 ? 0 : r.history.size() - 60;
     if (from > 0) out << "  ... " << from << " earlier lines (--history shows all)\n";
     for (size_t i = from; i < r.history.size(); ++i) out << "  " << r.history[i] << "\n";
+    const size_t first = full_history || r.log_tail.size() <= 40 ? 0 : r.log_tail.size() - 40;
+    out << "  the log" << (first > 0 ? "'s last 40 events (--history shows all " + std::to_string(r.log_tail.size()) + ")" : "")
+        << ":\n";
+    for (size_t i = first; i < r.log_tail.size(); ++i) out << "  " << r.log_tail[i] << "\n";
   }
   return out.str();
 }

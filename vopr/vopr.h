@@ -52,6 +52,7 @@ struct Result {
   int64_t master_restarts = 0;
   std::map<std::string, int64_t> faults;  // injected, by kind
   std::vector<std::string> history;  // what the simulation did, in order (the end of it on failure)
+  std::vector<std::string> log_tail;  // on failure: the durable log's events, as JSON lines
 };
 
 // Runs one seed. Never throws for a finding: a broken invariant is a Result with ok false.

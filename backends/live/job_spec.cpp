@@ -379,6 +379,8 @@ JobSpec job_spec_from_json(const nlohmann::json& j, const std::string& where, co
   s.heartbeat_interval = r.duration("heartbeat_interval", s.heartbeat_interval);
   s.heartbeat_timeout = r.duration("heartbeat_timeout", s.heartbeat_timeout);
   s.hang_timeout = r.duration("hang_timeout", s.hang_timeout);
+  s.join_timeout = r.duration("join_timeout", s.join_timeout);
+  if (s.join_timeout < kSecond) r.fail("join_timeout", "must be at least 1s");
   s.failure_settle = r.duration("failure_settle", s.failure_settle);
   const std::string hang_action = r.text("hang_action", "recover");
   if (hang_action == "report") s.hang_action = JobSpec::HangAction::Report;

@@ -159,6 +159,10 @@ struct JobSpec {
   Duration heartbeat_interval = 250 * kMillisecond;
   Duration heartbeat_timeout = 5 * kSecond;
   Duration hang_timeout = 5 * kMinute;  // a trainer that reports nothing this long is hung (see the README)
+  // A world slot still vacant this long after the master last asked for a machine for it gets
+  // another one: the one asked for never registered and its provider did not say (an agent that
+  // died starting on a machine that looks alive, a launch lost with a master that crashed).
+  Duration join_timeout = 10 * kMinute;
   Duration failure_settle = 300 * kMillisecond;  // collect the exits one failure causes, then diagnose
   // What a hang leads to: "recover" (a failure for the recovery policy: restart or relaunch) or
   // "report" (stacks dumped and the stall logged, the job left as it is until it moves again).

@@ -371,9 +371,14 @@ json LiveMaster::next_shard(NodeId node, int32_t restart, int64_t request, int32
     throw ApiError(409, "not training in the current restart");
   if (ledger_.total() == 0) throw ApiError(404, "this job has no data-shard service (data_shards is 0)");
   json out;
+  const auto it = last_assigned_.find({n->id, local_rank});
+  // A request older than the last one answered is a stale copy the network delivered late (its
+  // trainer asked again and moved on): a new shard for it would stay with nobody.
+  if (request >= 0 && it != last_assigned_.end() && request < it->second.request)
+    throw ApiError(409, "request " + std::to_string(request) + " is older than the last one answered (" +
+                            std::to_string(it->second.request) + ")");
   // A retry (the answer was lost, or the master restarted) gets the same shard again.
-  if (auto it = last_assigned_.find({n->id, local_rank}); request >= 0 && it != last_assigned_.end() && it->second.request == request &&
-                                            !it->second.shards.empty()) {
+  if (request >= 0 && it != last_assigned_.end() && it->second.request == request && !it->second.shards.empty()) {
     out = json{{"shard", it->second.shards.front()}, {"of", ledger_.total()}};
   } else if (const auto next = ledger_.next_queued(); !next) {
     out = json{{"shard", nullptr}, {"remaining", ledger_.total() - ledger_.done()}};
@@ -388,6 +393,8 @@ json LiveMaster::next_shard(NodeId node, int32_t restart, int64_t request, int32
 json LiveMaster::complete_shards(NodeId node, int64_t step, const std::vector<int64_t>& done) {
   const Node* n = world_.node(node);
   if (!n || n->gone) throw ApiError(409, "unknown node");
+  // A late retry, or a duplicate the network delivered after the end: nothing is logged any more.
+  if (finished()) throw ApiError(409, "the job has finished");
   // Idempotent: a retry of a completion the log already holds is acknowledged again.
   std::vector<int64_t> shards;
   for (int64_t s : done) {
@@ -508,9 +515,10 @@ void LiveMaster::tick() {
     if (grow_back_at_ && now >= *grow_back_at_ && !finished()) {
       grow_back_at_.reset();
       // Still a slot outside the world (a world slot that fell vacant meanwhile has its own launch).
-      if (const auto s = world_.first_vacant(); s && *s >= world_.size()) provider_->launch(*s, world_.memory_permille(*s));
+      if (const auto s = world_.first_vacant(); s && *s >= world_.size()) machines().launch(*s, world_.memory_permille(*s));
     }
   }
+  if (provider_ && !finished()) ask_again_for_vacant_slots(now);
   for (auto& [id, n] : world_.nodes())
     if (!n.gone && n.slot >= 0 && n.slot < world_.size() && now - n.last_heartbeat > spec_.heartbeat_timeout && !finished())
       observe(FailureObserved{id, FailureKind::NodeLost, 0, 0,
@@ -522,6 +530,26 @@ void LiveMaster::tick() {
   ticking_ = true;
   advance();
   ticking_ = false;
+}
+
+void LiveMaster::ask_again_for_vacant_slots(Time now) {
+  std::erase_if(vacant_since_, [&](const auto& v) { return !world_.vacant().contains(v.first); });
+  for (int32_t s : world_.vacant()) {
+    if (s >= world_.size()) break;  // outside a shrunk world: grow_back_at_ asks
+    const auto [it, fresh] = vacant_since_.try_emplace(s, now);
+    if (fresh || now - it->second < spec_.join_timeout) continue;
+    it->second = now;
+    notes_.push_back("goodput: no node has taken slot " + std::to_string(s) + " for " + format_duration(spec_.join_timeout) +
+                     " (join_timeout): asking for another machine");
+    machines().launch(s, world_.memory_permille(s));
+  }
+}
+
+NodeProvider& LiveMaster::machines() {
+  // Outside execute() (which JobMaster calls once the decisions are committed), an observation of
+  // this tick may still be in the open transaction: commit it before the world changes.
+  store_.flush();
+  return *provider_;
 }
 
 void LiveMaster::on_lost(const LostNode& lost, Time now) {
@@ -560,7 +588,7 @@ void LiveMaster::on_lost(const LostNode& lost, Time now) {
       observe(NoSpareNode{s, world_.group_of(s).type != "worker"});
       break;
     }
-  provider_->launch(*vacant, world_.memory_permille(*vacant));
+  machines().launch(*vacant, world_.memory_permille(*vacant));
 }
 
 void LiveMaster::advance() {
@@ -648,8 +676,8 @@ void LiveMaster::act_on_checks() {
     if (finished() || !provider_) break;
     const Node* n = world_.node(id);
     notes_.push_back("goodput: spare " + n->name + " failed its node check: replaced");
-    provider_->terminate(n->name);
-    provider_->launch(world_.slot_count(), 1000);
+    machines().terminate(n->name);
+    machines().launch(world_.slot_count(), 1000);
   }
   // Verdicts become observations for the policies: a faulty node is a failure ("node check failed"
   // reads as a hardware error), a straggler a slowdown with its measured ratio. Each once; a

@@ -126,6 +126,10 @@ class LiveMaster final : public Backend, public EventSink {
   // Turn agreement across the world into observations (agreement.h), until nothing more follows.
   void advance();
   void on_lost(const LostNode& lost, Time now);
+  // The provider, for acting on machines outside execute(): what was logged is made durable first.
+  NodeProvider& machines();
+  // A world slot vacant for join_timeout since it was last seen vacant gets another machine.
+  void ask_again_for_vacant_slots(Time now);
   bool undo_growth(int32_t slot, const std::string& why);  // no machine comes for a grown group's slot
   void start_waiting_check();
   void run_checks();
@@ -161,6 +165,7 @@ class LiveMaster final : public Backend, public EventSink {
   int32_t launches_lost_ = 0;             // nodes lost before they joined, since one last joined
   int32_t grow_back_lost_ = 0;            // of those, asked for a slot outside a shrunk world
   std::optional<Time> grow_back_at_;      // when to ask for such a slot's machine again
+  std::map<int32_t, Time> vacant_since_;  // world slots vacant, since when (or since their last ask)
   std::optional<FailureObserved> last_failure_;
   std::optional<Recovery> last_recovery_;
   std::vector<std::string> notes_;

@@ -132,6 +132,7 @@ class World {
   bool ranks_held() const;       // no slot of the world is vacant
   bool every_slot_held() const;  // no slot of the layout is vacant (a shrunk world may miss some)
   std::optional<int32_t> first_vacant() const;  // the lowest slot no node holds
+  const std::set<int32_t>& vacant() const { return vacant_; }  // the slots of the layout no node holds
   bool fits(const Node& n, int32_t slot) const;  // n may take slot (it is of the slot's replica type)
   // The slot a joining node takes: `wanted` (the one it was launched for) if still vacant, else the
   // first vacant one of its type; none: it joins as a spare.
