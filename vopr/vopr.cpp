@@ -121,6 +121,9 @@ struct Agent {
   Time next_beat = 0;
   bool exit_reported = false;
   Trainer t;
+  // Its host memory: the newest two steps its trainers saved there, of this rank.
+  std::set<int64_t> memory;
+  int32_t memory_rank = -1;
   // One call in flight per channel (the agent's, its trainer's), as HTTP clients with a deadline.
   struct Channel {
     int64_t id = 0;       // the call awaited; 0: none
@@ -425,6 +428,7 @@ class Sim final : public live::NodeProvider {
         a.t = Trainer{};
         a.agent_ch = a.trainer_ch = {};
         a.exit_reported = false;
+        a.memory.clear();  // an agent leaving frees its node's memory
       }
       trainer_faults(a);
     }
@@ -559,9 +563,17 @@ class Sim final : public live::NodeProvider {
       t.phase = "rendezvous";
       t.phase_at = t.progress_at = now_.t;
     } else if (t.phase == "rendezvous" && world_at(t, "rendezvous")) {
+      // As goodput.live does: the ranks agree on the newest step every one of them can load
+      // (from its node's memory unless the master says storage, or from storage), whatever the
+      // master planned; the slowest tier is what they report.
+      const auto [step, tier] = agreed_restore(t);
       t.phase = "loaded";
       t.loaded = true;
-      t.step = t.restore_step;
+      t.restore_step = t.step = step;
+      t.restore_tier = tier;
+      // As goodput.live does: rank 0 drops the storage steps of the history given up.
+      if (t.rank == 0)
+        for (auto& [rank, steps] : storage_) steps.erase(steps.upper_bound(t.restore_step), steps.end());
       t.phase_at = t.progress_at = now_.t;
     } else if (t.phase == "loaded" && world_at(t, "loaded")) {
       t.phase = "training";
@@ -570,13 +582,14 @@ class Sim final : public live::NodeProvider {
       const int64_t shards = spec_json_["data_shards"].get<int64_t>();
       for (int i = 0; i < kTick / kStepTime; ++i) {
         if (!t.to_complete.empty()) return;  // save() waits for its shards to be acknowledged...
-        if (t.save_due) save(t);             // ...before it commits the checkpoint holding them
+        if (t.save_due) save(a);             // ...before it commits the checkpoint holding them
         if (t.step >= t.total) {  // the last step is saved and acknowledged: done
           exit_trainer(t, json{{"code", 0}, {"signal", 0}, {"reason", ""}, {"done", true}});
           t.done = true;
           return;
         }
         if (shards > 0 && t.step >= t.block_until) return;  // waits for its next shard
+        if (!peers_reached(t, t.step)) return;  // synchronous training: a step's collectives need every rank
         ++t.step;
         t.progress_at = now_.t;
         if (t.shard && t.step >= t.block_until) {
@@ -591,10 +604,15 @@ class Sim final : public live::NodeProvider {
     }
   }
 
-  void save(Trainer& t) {
+  void save(Agent& a) {
+    Trainer& t = a.t;
     t.save_due = false;
     ++t.saves;
     t.saved_step = t.step;
+    if (a.memory_rank != t.rank) a.memory.clear();
+    a.memory_rank = t.rank;
+    a.memory.insert(t.step);
+    while (a.memory.size() > 2) a.memory.erase(a.memory.begin());
     if ((t.persist_every > 0 && t.saves % t.persist_every == 0) || t.step == t.total) storage_[t.rank].insert(t.step);
   }
 
@@ -634,6 +652,42 @@ class Sim final : public live::NodeProvider {
     else note(a.name + " trains steps " + std::to_string(t.step + 1) + "-" + std::to_string(t.step + kShardSteps) +
               " without a shard: " + b.dump());
     t.block_until = t.step + kShardSteps;
+  }
+
+  // Every rank of this trainer's world has done `step` (a rank ahead of it waits in a collective).
+  bool peers_reached(const Trainer& t, int64_t step) const {
+    int32_t ranks = 0;
+    for (const auto& [name, b] : agents_)
+      if (b.alive && b.t.restart == t.restart && b.t.world == t.world && !b.t.hung && (b.t.step >= step || b.t.done) &&
+          (b.t.phase == "training" || b.t.done))
+        ++ranks;
+    return ranks >= t.world;
+  }
+
+  std::pair<int64_t, std::string> agreed_restore(const Trainer& t) const {
+    std::set<int64_t> complete;  // steps every rank has in storage
+    for (int32_t r = 0; r < t.world; ++r) {
+      const auto it = storage_.find(r);
+      const std::set<int64_t> have = it == storage_.end() ? std::set<int64_t>{} : it->second;
+      if (r == 0) complete = have;
+      else std::erase_if(complete, [&](int64_t x) { return !have.contains(x); });
+    }
+    std::optional<std::set<int64_t>> common;
+    bool all_memory = true;
+    std::vector<const Agent*> ranks;
+    for (const auto& [name, b] : agents_)
+      if (b.alive && b.t.restart == t.restart && b.t.world == t.world) ranks.push_back(&b);
+    for (const Agent* b : ranks) {
+      std::set<int64_t> have = complete;
+      if (t.restore_tier != "storage" && b->memory_rank == b->t.rank) have.insert(b->memory.begin(), b->memory.end());
+      if (!common) common = have;
+      else std::erase_if(*common, [&](int64_t x) { return !have.contains(x); });
+    }
+    if (!common || common->empty()) return {0, "none"};
+    const int64_t step = *common->rbegin();
+    for (const Agent* b : ranks)
+      all_memory = all_memory && t.restore_tier != "storage" && b->memory_rank == b->t.rank && b->memory.contains(step);
+    return {step, all_memory ? "memory" : "storage"};
   }
 
   bool all_left() const {

@@ -138,6 +138,11 @@ class Session:
         else:
             everyone = [sorted(have)]
         common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+        # Storage steps above the one restored belong to a history the job has given up: some
+        # ranks' files from it, others' written later by this one, would make a "complete" step
+        # of two histories. Rank 0 drops them before anyone saves again.
+        if self.rank == 0:
+            self._drop_storage_after(max(common) if common else 0)
         if not common:
             self.report("loaded", step=0, tier="none", seconds=time.perf_counter() - t0)
             self.loaded_from = ("none", 0)
@@ -184,7 +189,10 @@ class Session:
     def _drop_storage_after(self, step):
         """Steps in storage above the restored one were saved by a world that was given up (under
         another layout, perhaps): the job saves them again as it goes, and nobody may load them
-        meanwhile by their rank numbers. The other ranks wait in the first step's collectives."""
+        meanwhile, nor count one complete when its ranks' files come from two histories. The
+        other ranks wait in the first step's collectives. (An agent still persisting its old
+        trainer's memory at this moment can write one such file afterwards: the next restore
+        drops it again, but a failure in between could count its step complete.)"""
         if not self._storage_dir or not os.path.isdir(self._storage_dir):
             return
         for name in os.listdir(self._storage_dir):
