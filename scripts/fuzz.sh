@@ -5,7 +5,7 @@
 # and a real checkpoint. First replays every saved regression input, then fuzzes each target for
 # $1 seconds (default 60). A crash leaves its input in build-fuzz/crashes/<target>/: copy it to
 # fuzz/regressions/<target>/ with the fix so it is replayed from then on. Last, the accounting's
-# property test runs on many random traces.
+# property test runs on many random traces, and the live master under many seeds of `goodput vopr`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -106,5 +106,11 @@ if [ -x build/tests/goodput_tests ]; then
   echo "accounting property test: $(( seconds * 500 )) random traces from seed $seed"
   GOODPUT_PROPERTY_TRACES=$(( seconds * 500 )) GOODPUT_PROPERTY_SEED=$seed \
     build/tests/goodput_tests -tc='property:*' || status=1
+fi
+# The live master under seeded simulation (goodput vopr): about 30 seeds a second here, so $seconds x
+# 15 seeds, from a seed that moves with the date (a failure prints the command that reproduces it).
+if [ -x build/goodput ]; then
+  seed=$(( $(date +%s) / 86400 * 1000000 ))
+  build/goodput vopr --seed $seed --seeds $(( seconds * 15 )) --quiet || status=1
 fi
 exit $status

@@ -72,7 +72,10 @@ class SimDisk final : public EventStore {
     const auto it = meta_.find(k);
     return it == meta_.end() ? std::nullopt : std::optional(it->second);
   }
-  void crash() { pending_.clear(); }
+  void crash(bool lie) {
+    pending_.clear();
+    if (lie && !durable_.empty()) durable_.pop_back();
+  }
   size_t pending() const { return pending_.size(); }
   const std::vector<Event>& durable() const { return durable_; }
 
@@ -295,6 +298,11 @@ class Sim final : public live::NodeProvider {
                                                    disk_, now_, this, "run1");
       api_ = std::make_unique<live::MasterApi>(*master_, kToken);
       disk_.flush();  // the first events (a fresh job) are committed before anything answers
+      if (acknowledged_seq_ > 0 &&
+          (disk_.durable().size() < acknowledged_seq_ ||
+           payload_to_json(disk_.durable()[acknowledged_seq_ - 1].payload).dump() != acknowledged_))
+        throw Violation{"the master resumed without event " + std::to_string(acknowledged_seq_) +
+                        ", which was durable (acknowledged) before it crashed"};
     } catch (const StoreError& e) {
       crash_master(e.what());
     }
@@ -305,7 +313,10 @@ class Sim final : public live::NodeProvider {
     ++result_.master_restarts;
     api_.reset();
     master_.reset();
-    disk_.crash();
+    // Everything committed so far was acknowledged (answered, acted on): a resumed master must find it.
+    if (!disk_.durable().empty()) acknowledged_ = payload_to_json(disk_.durable().back().payload).dump();
+    acknowledged_seq_ = disk_.durable().size();
+    disk_.crash(o_.lying_disk);
     down_until_ = now_.t + static_cast<Duration>(rng_.uniform() * 2 * kSecond);
   }
 
@@ -758,6 +769,8 @@ class Sim final : public live::NodeProvider {
   std::unique_ptr<live::LiveMaster> master_;
   std::unique_ptr<live::MasterApi> api_;
   Time down_until_ = 0;
+  uint64_t acknowledged_seq_ = 0;  // durable events when the master last crashed
+  std::string acknowledged_;       // the last of them
   std::stringstream* console_ = nullptr;
   std::map<std::string, Agent> agents_;
   std::deque<InFlight> net_;

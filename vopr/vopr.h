@@ -38,6 +38,9 @@ struct Options {
   int32_t nodes = 3;
   int64_t total_steps = 400;  // training steps of the simulated job (50 ms each)
   bool faults = true;
+  // For the VOPR's own tests: a disk that lies about its commits (a crash also loses the last
+  // event it said was durable). Its checks must then fail.
+  bool lying_disk = false;
 };
 
 struct Result {
