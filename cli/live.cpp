@@ -24,6 +24,7 @@
 #include "backends/local/local_nodes.h"
 #include "backends/kubernetes/kube_nodes.h"
 #include "backends/ray/ray_nodes.h"
+#include "engine/invariant.h"
 #include "engine/json_reader.h"
 #include "report/report.h"
 
@@ -206,6 +207,12 @@ int serve_job(ServeOptions& o, json& ended) {
       } catch (const StoreError& e) {
         stop_on_store_error(e);
         return net::HttpResponse{503, "application/json", R"({"error":"master stopping: event log unwritable"})"};
+      } catch (const InvariantError& e) {
+        // A bug: stop rather than act on a state the master does not understand; the log holds
+        // everything decided, and --resume folds it afresh.
+        if (fatal.empty()) fatal = e.what();
+        io.stop();
+        return net::HttpResponse{503, "application/json", R"({"error":"master stopping: internal invariant broken"})"};
       }
     }, 1 << 20, tls ? &o.tls : nullptr);
   } catch (const std::runtime_error& e) {
@@ -314,6 +321,10 @@ int serve_job(ServeOptions& o, json& ended) {
     } catch (const StoreError& e) {
       stop_on_store_error(e);
       return;
+    } catch (const InvariantError& e) {
+      if (fatal.empty()) fatal = e.what();
+      io.stop();
+      return;
     }
     const auto now = std::chrono::steady_clock::now();
     const JobState& s = master.state();
@@ -370,9 +381,11 @@ int serve_job(ServeOptions& o, json& ended) {
   io.run();
   if (!fatal.empty()) {
     // Agents keep their trainers running; a master started with --resume carries on.
-    std::cerr << "goodput: the event log could not be written: " << fatal << "\ngoodput: stopping the master; "
-              << "fix the cause and run again with --resume (agents keep training meanwhile)\n";
-    ended["error"] = "event log unwritable: " + fatal;
+    const bool bug = fatal.rfind("invariant", 0) == 0;
+    std::cerr << "goodput: " << (bug ? "" : "the event log could not be written: ") << fatal << "\ngoodput: stopping the master; "
+              << (bug ? "please report this; run again with --resume" : "fix the cause and run again with --resume")
+              << " (agents keep training meanwhile)\n";
+    ended["error"] = (bug ? "" : "event log unwritable: ") + fatal;
     return kExitResumable;
   }
   store.flush();

@@ -1,6 +1,9 @@
 #include "engine/shard_ledger.h"
 
+#include <string>
 #include <type_traits>
+
+#include "engine/invariant.h"
 
 namespace goodput {
 
@@ -76,6 +79,8 @@ void ShardLedger::apply(const Event& e) {
         }
       },
       e.payload);
+  GOODPUT_INVARIANT(done_ >= 0 && done_ <= total() && static_cast<int64_t>(queued_.size()) + done_ <= total(),
+                    std::to_string(done_) + " done and " + std::to_string(queued_.size()) + " queued of " + std::to_string(total()));
 }
 
 }  // namespace goodput

@@ -8,6 +8,7 @@
 
 #include "backends/live/agreement.h"
 #include "backends/live/master_status.h"
+#include "engine/invariant.h"
 
 namespace goodput::live {
 
@@ -258,6 +259,10 @@ json LiveMaster::assignment(const Node& n) const {
 }
 
 json LiveMaster::run_order(const Node& n) const {
+  // The restart ordered is the newest one the log holds.
+  GOODPUT_INVARIANT(restart_.restart + 1 == master_.state().restart_jobs(),
+                    "ordering restart " + std::to_string(restart_.restart) + ", the log has " +
+                        std::to_string(master_.state().restart_jobs()) + " restarts");
   json out;
   out["action"] = "run";
   out["restart"] = restart_.restart;

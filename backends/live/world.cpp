@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "engine/invariant.h"
+
 namespace goodput::live {
 
 World::World(std::vector<ReplicaGroup> groups, int32_t slots)
@@ -14,6 +16,8 @@ World::World(std::vector<ReplicaGroup> groups, int32_t slots)
 }
 
 void World::hold(int32_t slot, NodeId id) {
+  GOODPUT_INVARIANT(slot >= 0 && slot < slot_count(), "slot " + std::to_string(slot) + " of " + std::to_string(slot_count()));
+  GOODPUT_INVARIANT(id < 0 || nodes_.contains(id), "node " + std::to_string(id) + " is not in the table");
   slots_[static_cast<size_t>(slot)] = id;
   if (id < 0) vacant_.insert(slot);
   else vacant_.erase(slot);
@@ -73,7 +77,13 @@ Node& World::join(const NodeJoined& p) {
     ids.push_back(p.node);
     std::sort(ids.begin(), ids.end());
   }
-  if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) hold(p.slot, p.node);
+  if (p.slot >= 0 && static_cast<size_t>(p.slot) < slots_.size()) {
+    // One node per slot: a node joins only a slot that is vacant (or already its own).
+    GOODPUT_INVARIANT(slots_[static_cast<size_t>(p.slot)] < 0 || slots_[static_cast<size_t>(p.slot)] == p.node,
+                      "node " + std::to_string(p.node) + " joins slot " + std::to_string(p.slot) + ", held by node " +
+                          std::to_string(slots_[static_cast<size_t>(p.slot)]));
+    hold(p.slot, p.node);
+  }
   waiting_slots_.erase(p.slot);
   next_node_ = std::max(next_node_, p.node + 1);
   return n;
