@@ -38,7 +38,7 @@ void add_vopr_command(CLI::App& app, int& rc) {
   cmd->callback([&rc] {
     const auto t0 = std::chrono::steady_clock::now();
     int64_t failed = 0, events = 0, restarts = 0;
-    std::map<std::string, int64_t> faults;
+    std::map<std::string, int64_t> faults, logged;
     const uint64_t first = o.seed;
     for (int64_t i = 0; i < seeds; ++i) {
       vopr::Options one = o;
@@ -48,12 +48,17 @@ void add_vopr_command(CLI::App& app, int& rc) {
       events += static_cast<int64_t>(r.events);
       restarts += r.master_restarts;
       for (const auto& [k, v] : r.faults) faults[k] += v;
+      for (const auto& [k, v] : r.logged) logged[k] += v;
       if (!r.ok || !quiet) std::cout << vopr::describe(one, r, history) << (r.ok ? "\n" : "") << std::flush;
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cout << seeds << " seeds (" << first << ".." << first + static_cast<uint64_t>(seeds) - 1 << "), " << failed
               << " failed, " << events << " events, " << restarts << " master restarts, in " << s << " s\nfaults:";
     for (const auto& [k, v] : faults) std::cout << " " << k << " " << v;
+    std::cout << "\nthe master logged:";
+    for (const char* k : {"failure_observed", "slowdown_observed", "stall_observed", "recovery_decided", "restart_job",
+                          "no_spare_node", "shards_completed", "job_finished"})
+      std::cout << " " << k << " " << logged[k];
     std::cout << "\n";
     rc = failed > 0 ? 1 : 0;
   });

@@ -117,6 +117,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("memory_steps", &FlashCheckpoint::memory_steps)
       .def("complete_storage_steps", &FlashCheckpoint::complete_storage_steps)
       .def("remove_memory", &FlashCheckpoint::remove_memory)
+      .def("drop_memory_after", &FlashCheckpoint::drop_memory_after, py::arg("step"))
       .def("reserve", &FlashCheckpoint::reserve, py::call_guard<py::gil_scoped_release>());
 
   py::class_<AsyncPersister>(m, "AsyncPersister")

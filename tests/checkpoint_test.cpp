@@ -680,3 +680,22 @@ TEST_CASE("persisting while the trainer keeps saving never fails and never write
     CHECK(f.valid);
   }
 }
+
+TEST_CASE("a restore drops this rank's memory checkpoints of later steps: they belong to a history given up") {
+  TempDir dir("drop-after");
+  FlashCheckpoint c(opts("drop-after", dir));
+  Cleanup cleanup{{&c}};
+  c.save(10, State(10, 4096).views());
+  c.save(20, State(20, 4096).views());
+  CHECK(c.memory_steps() == std::vector<int64_t>{10, 20});
+  CHECK(c.drop_memory_after(20) == 0);
+  CHECK(c.drop_memory_after(10) == 1);
+  CHECK(c.memory_steps() == std::vector<int64_t>{10});
+  const auto l = c.load();
+  REQUIRE(l);
+  CHECK(l->manifest.step == 10);
+  check_holds(*l, 10, 4096);
+  // The next save takes the dropped object; the kept one stays loadable meanwhile.
+  c.save(30, State(30, 4096).views());
+  CHECK(c.memory_steps() == std::vector<int64_t>{10, 30});
+}

@@ -56,7 +56,7 @@ TEST_CASE("vopr: the regression seeds pass") {
 }
 
 TEST_CASE("vopr: 300 seeds keep every invariant and complete once the faults stop") {
-  std::map<std::string, int64_t> faults;
+  std::map<std::string, int64_t> faults, logged;
   int64_t restarts = 0;
   // GOODPUT_VOPR_SEEDS: fewer under the sanitizers (scripts/test.sh), more by hand.
   const char* env = std::getenv("GOODPUT_VOPR_SEEDS");
@@ -70,13 +70,18 @@ TEST_CASE("vopr: 300 seeds keep every invariant and complete once the faults sto
     CHECK(r.completed);
     restarts += r.master_restarts;
     for (const auto& [k, v] : r.faults) faults[k] += v;
+    for (const auto& [k, v] : r.logged) logged[k] += v;
   }
   // Every kind of fault was injected (the runs exercised them, not only configured them).
   if (count < 100) return;
   for (const char* kind : {"request_dropped", "request_delayed", "request_duplicated", "answer_dropped", "agent_died",
-                           "agent_silent", "agent_restarted", "trainer_crashed", "trainer_hung", "launch_lost", "master_crash"})
+                           "agent_silent", "agent_restarted", "trainer_crashed", "trainer_hung", "straggler", "launch_lost",
+                           "master_crash"})
     CHECK_MESSAGE(faults[kind] > 0, kind);
   CHECK(restarts > 0);
+  // ...and the master saw them for what they are: failures of every kind, stragglers measured.
+  for (const char* type : {"failure_observed", "slowdown_observed", "recovery_decided", "no_spare_node"})
+    CHECK_MESSAGE(logged[type] > 0, type);
 }
 
 TEST_CASE("vopr: one seed is one run, byte for byte; another seed is another") {

@@ -124,6 +124,7 @@ struct Agent {
   Time next_beat = 0;
   bool exit_reported = false;
   Trainer t;
+  double slow = 1;  // its machine's speed against a healthy one's (a straggler's: 2.5 to 4)
   // Its host memory: the newest two steps its trainers saved there, of this rank.
   std::set<int64_t> memory;
   int32_t memory_rank = -1;
@@ -161,6 +162,7 @@ class Sim final : public live::NodeProvider {
     p_.agent_restarts = pick(0.001);
     p_.trainer_crash = pick(0.003);
     p_.trainer_hang = pick(0.001);
+    p_.straggler = pick(0.0005);
     p_.launch_lost = pick(0.2);
     p_.master_crash = pick(0.003);
     p_.disk = pick(0.002);
@@ -173,9 +175,11 @@ class Sim final : public live::NodeProvider {
                       {"heartbeat_timeout", "2s"},
                       {"hang_timeout", "3s"},
                       {"join_timeout", "15s"},
+                      {"straggler_factor", 2.0},
                       {"data_shards", o.nodes * o.total_steps / kShardSteps},
                       {"storage_dir", "/sim/storage"}};
-    policy_json_ = json{{"recovery", {{"policy", "diagnose"}, {"max_restarts_per_node", 1000}, {"restore_from", "memory"}}},
+    policy_json_ = json{{"recovery", {{"policy", "diagnose"}, {"max_restarts_per_node", 1000}, {"restore_from", "memory"},
+                                      {"replace_stragglers_above", 2.0}}},
                         {"checkpoint", {{"policy", "flash"}, {"every_steps", 20}, {"persist_every", 2}}},
                         {"scaling", {{"policy", "wait"}}}};
   }
@@ -215,6 +219,7 @@ class Sim final : public live::NodeProvider {
     for (const Event& e : disk_.durable()) digest.append(e);
     result_.log_digest = digest.hex();
     result_.events = disk_.durable().size();
+    for (const Event& e : disk_.durable()) ++result_.logged[std::string(event_type_name(e.payload))];
     if (!result_.ok)
       for (size_t i = 0; i < disk_.durable().size(); ++i) {
         const Event& e = disk_.durable()[i];
@@ -264,7 +269,7 @@ class Sim final : public live::NodeProvider {
  private:
   struct Probabilities {
     double drop = 0, drop_answer = 0, duplicate = 0, delay = 0, agent_dies = 0, agent_silent = 0, agent_restarts = 0,
-           trainer_crash = 0, trainer_hang = 0, launch_lost = 0, master_crash = 0, disk = 0;
+           trainer_crash = 0, trainer_hang = 0, straggler = 0, launch_lost = 0, master_crash = 0, disk = 0;
   };
 
   bool faulty() const { return o_.faults && step_ < o_.steps; }
@@ -432,6 +437,11 @@ class Sim final : public live::NodeProvider {
         a.silent_until = now_.t + static_cast<Duration>((0.5 + rng_.uniform() * 5.5) * kSecond);
         note(a.name + " goes silent until " + seconds(a.silent_until));
       }
+      if (a.slow == 1 && chance(p_.straggler)) {
+        count("straggler");
+        a.slow = 2.5 + 1.5 * rng_.uniform();
+        note(a.name + "'s machine slows down (" + std::to_string(a.slow) + "x the work per step)");
+      }
       if (chance(p_.agent_restarts)) {
         count("agent_restarted");
         note(a.name + " restarts under the same name (its trainer dies with it)");
@@ -453,7 +463,12 @@ class Sim final : public live::NodeProvider {
         send(a, false, {"/v1/register", json{{"name", a.name}, {"slot", a.launched_for}, {"check_port", 7000}, {"rdzv_port", 29500}}});
       } else {
         const bool exit = a.t.exit && !a.exit_reported;
-        send(a, false, {exit ? "/v1/exit" : "/v1/heartbeat", json{{"node", a.node}, {"trainer", report(a.t)}}});
+        json trainer = report(a.t);
+        if (a.t.phase == "training" && !a.t.exit) {  // the CPU work per step: how a straggler shows
+          trainer["work_median_s"] = 0.02 * a.slow;
+          trainer["work_mad_s"] = 0.001;
+        }
+        send(a, false, {exit ? "/v1/exit" : "/v1/heartbeat", json{{"node", a.node}, {"trainer", trainer}}});
       }
     }
     if (a.trainer_ch.id == 0 && a.node >= 0) trainer_call(a);
@@ -582,9 +597,11 @@ class Sim final : public live::NodeProvider {
       t.loaded = true;
       t.restore_step = t.step = step;
       t.restore_tier = tier;
-      // As goodput.live does: rank 0 drops the storage steps of the history given up.
+      // As goodput.live does: rank 0 drops the storage steps of the history given up, and every
+      // rank its memory's.
       if (t.rank == 0)
         for (auto& [rank, steps] : storage_) steps.erase(steps.upper_bound(t.restore_step), steps.end());
+      a.memory.erase(a.memory.upper_bound(t.restore_step), a.memory.end());
       t.phase_at = t.progress_at = now_.t;
     } else if (t.phase == "loaded" && world_at(t, "loaded")) {
       t.phase = "training";

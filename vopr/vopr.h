@@ -54,6 +54,7 @@ struct Result {
   uint64_t events = 0;
   int64_t master_restarts = 0;
   std::map<std::string, int64_t> faults;  // injected, by kind
+  std::map<std::string, int64_t> logged;  // the durable log's events, by type
   std::vector<std::string> history;  // what the simulation did, in order (the end of it on failure)
   std::vector<std::string> log_tail;  // on failure: the durable log's events, as JSON lines
 };

@@ -162,6 +162,19 @@ void FlashCheckpoint::remove_memory() {
   ::shm_unlink(shm_name(1).c_str());
 }
 
+int FlashCheckpoint::drop_memory_after(int64_t step) {
+  int dropped = 0;
+  for (int which = 0; which < 2; ++which) {
+    const SlotInfo s = peek(shm_name(which));
+    if (!s.committed || s.step <= step) continue;
+    if (const auto m = open_shm(shm_name(which), /*writable=*/true)) {
+      store_state(m->header(), 0);
+      ++dropped;
+    }
+  }
+  return dropped;
+}
+
 std::optional<Loaded> FlashCheckpoint::load(std::optional<int64_t> want, bool zero_copy, const Destinations* into) {
   struct Candidate {
     int64_t step;

@@ -178,6 +178,10 @@ class FlashCheckpoint {
   std::optional<int64_t> newest_in_memory() const;      // newest committed step of this rank
   std::vector<int64_t> memory_steps() const;            // committed steps of this rank (up to two)
   void remove_memory();                                  // unlink this rank's shm objects
+  // A restore of `step`: this rank's memory checkpoints of later steps belong to a history the job
+  // gave up, and must not be loaded (nor combined with other ranks' later saves): they are
+  // uncommitted. Returns how many were.
+  int drop_memory_after(int64_t step);
   std::string shm_name(int which) const;                 // which: 0 -> "a", 1 -> "b"
   std::string step_dir(int64_t step) const;
   std::string rank_file(int64_t step, int32_t rank) const;

@@ -199,6 +199,11 @@ class FlashCheckpoint:
     def remove_memory(self):
         self._c.remove_memory()
 
+    def drop_memory_after(self, step):
+        """A restore of `step`: this rank's memory checkpoints of later steps (a history the job
+        gave up) are made unloadable. Returns how many."""
+        return self._c.drop_memory_after(step)
+
     def reserve(self, nbytes):
         """Allocates this rank's shared memory for a checkpoint of `nbytes` ahead of the first save
         (agent side; never shrinks it, never changes a checkpoint it holds). Returns the bytes

@@ -143,6 +143,9 @@ class Session:
         # of two histories. Rank 0 drops them before anyone saves again.
         if self.rank == 0:
             self._drop_storage_after(max(common) if common else 0)
+        # The same in memory, where each rank keeps its own: a later step there would let the next
+        # restore combine this rank's old history with the others' new one.
+        self.ckpt.drop_memory_after(max(common) if common else 0)
         if not common:
             self.report("loaded", step=0, tier="none", seconds=time.perf_counter() - t0)
             self.loaded_from = ("none", 0)
