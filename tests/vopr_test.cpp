@@ -46,6 +46,7 @@ TEST_CASE("vopr: the regression seeds pass") {
       {511, 3, "(the simulation's own) trainers ran ahead of a rank waiting on the master"},
       {40, 2, "shards lost across a restore in a two-node job"},
       {204257, 3, "a memory step of two histories restored (one rank had not re-saved it since the world it came from)"},
+      {204130, 3, "a rank that loaded first got no shard (the ledger still counted the given-up history's work) and the shards stayed untrained"},
   };
   for (const Regression& r : seeds) {
     CAPTURE(r.found);

@@ -375,6 +375,10 @@ json LiveMaster::next_shard(NodeId node, int32_t restart, int64_t request, int32
   if (restart != restart_.restart || (phase != Phase::Training && phase != Phase::CheckpointLoad))
     throw ApiError(409, "not training in the current restart");
   if (ledger_.total() == 0) throw ApiError(404, "this job has no data-shard service (data_shards is 0)");
+  // Until the log has the step the world loaded, the ledger still counts as done the work of the
+  // history given up after it: the queue may look empty, and a shard handed out now might never
+  // be trained. A rank that loaded first asks again (goodput.live waits for as long as it takes).
+  if (phase == Phase::CheckpointLoad) throw ApiError(409, "the world is still loading its checkpoint: ask again");
   json out;
   const auto it = last_assigned_.find({n->id, local_rank});
   // A request older than the last one answered is a stale copy the network delivered late (its

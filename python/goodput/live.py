@@ -238,17 +238,24 @@ class Session:
         req = urllib.request.Request(self._master + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Authorization": "Bearer " + self._token,
                                               "Content-Type": "application/json"})
-        for attempt in range(50):  # the master may be restarting: keep trying for ~10 s
+        failures = 0
+        while failures < 50:  # the master may be restarting: keep trying for ~10 s
             try:
                 with urllib.request.urlopen(req, timeout=5, context=self._tls) as resp:
                     return json.loads(resp.read())
             except urllib.error.HTTPError as err:
                 if err.code in allow:
                     return None
+                text = err.read()
+                if err.code == 409 and b"still loading" in text:
+                    time.sleep(0.2)  # other ranks are loading the checkpoint: for as long as they take
+                    continue
                 if err.code == 409 or err.code >= 500:
+                    failures += 1
                     time.sleep(0.2)
                     continue
-                raise RuntimeError(f"goodput master refused {path}: {err.code} {err.read()[:200]!r}") from err
+                raise RuntimeError(f"goodput master refused {path}: {err.code} {text[:200]!r}") from err
             except (urllib.error.URLError, ConnectionError, TimeoutError):
+                failures += 1
                 time.sleep(0.2)
         raise RuntimeError(f"goodput master at {self._master} did not answer {path}")
