@@ -143,12 +143,19 @@ TEST_CASE("the shard ledger keeps what a restart trained before its checkpoint_l
   CHECK(l.next_queued() == 0);
 }
 
-TEST_CASE("a stale shard request the network delivers late is refused, not handed a new shard") {
+TEST_CASE("a shard request before the world's load is logged, or a stale one delivered late, gets no shard") {
   test::Harness h(test::Harness::Spec{json{{"job", "st"}, {"nodes", 1}, {"command", {"true"}}, {"total_steps", 10},
                                            {"heartbeat_timeout", "1h"}, {"hang_timeout", "1h"}, {"data_shards", 10}}});
   const int32_t a = h.join("a", 7001);
   h.tick(10 * kSecond);
   json trainer{{"restart", 0}, {"phase", "training"}, {"step", 1}, {"loaded", {{"step", 0}, {"tier", "none"}, {"ns", 0}}}};
+  // Not before the log has the step the world loaded: a rank that loaded first asks again.
+  h.post("/v1/heartbeat", json{{"node", a}, {"trainer", {{"restart", 0}, {"phase", "rendezvous"}}}});
+  REQUIRE(h.master->state().phase() == Phase::CheckpointLoad);
+  const auto loading = h.request("/v1/shards/next", json{{"node", a}, {"restart", 0}, {"request", 0}});
+  CHECK(loading.status == 409);
+  CHECK(loading.body.find("still loading") != std::string::npos);
+  CHECK(h.events("shards_assigned").empty());
   for (int i = 0; i < 3; ++i) h.post("/v1/heartbeat", json{{"node", a}, {"trainer", trainer}});
   REQUIRE(h.master->state().phase() == Phase::Training);
   const json s0 = h.post("/v1/shards/next", json{{"node", a}, {"restart", 0}, {"request", 0}});
