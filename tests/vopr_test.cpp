@@ -195,3 +195,24 @@ TEST_CASE("a slot whose machine never registers gets another after join_timeout"
   CHECK(h.provider.calls.size() == 3);
   CHECK(h.master->world().ranks_held());
 }
+
+TEST_CASE("the culprit of a failure is the rank killed, not a peer that aborted because the connection closed") {
+  // Found under the parallel test run (not by the VOPR): gloo aborts a rank whose peer died
+  // (SIGABRT, "Connection closed by peer"), and that exit can reach the master first.
+  live::Node a, b;
+  a.id = 0;
+  b.id = 1;
+  a.trainer.restart = b.trainer.restart = 3;
+  a.trainer.exited = b.trainer.exited = true;
+  a.trainer.exit_signal = 6;
+  a.trainer.exit_reason = "terminate called after throwing gloo::IoException: [pair.cc:598] Connection closed by peer [127.0.0.1]:28905";
+  a.trainer.exited_at = 1 * kSecond;
+  b.trainer.exit_signal = 9;
+  b.trainer.exit_reason = "local rank 1 (rank 3): killed by signal 9 (Killed)";
+  b.trainer.exited_at = 2 * kSecond;
+  const live::Ranks ranks{&a, &b};
+  CHECK(live::exit_culprit(ranks, 3) == &b);
+  b.trainer.exit_signal = 0;  // an exit code with a reason of its own still beats the collateral abort
+  b.trainer.exit_reason = "RuntimeError: CUDA error";
+  CHECK(live::exit_culprit(ranks, 3) == &b);
+}

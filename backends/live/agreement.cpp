@@ -67,7 +67,14 @@ std::optional<ReplicaStored> replicated(const Ranks& w, const std::vector<Replic
 }
 
 Node* exit_culprit(const Ranks& w, int32_t gen) {
-  auto score = [](const Trainer& x) { return (x.exit_signal != 0 ? 2 : 0) + (x.exit_reason.find("emory") != std::string::npos ? 1 : 0); };
+  // A signal over an exit code, an out-of-memory reason over others; and an exit that says a peer
+  // went away (gloo's "Connection closed by peer", which aborts the process: SIGABRT) is the
+  // collateral of another rank's failure, never its cause.
+  auto score = [](const Trainer& x) {
+    const std::string& r = x.exit_reason;
+    const bool collateral = r.find("closed by peer") != std::string::npos || r.find("reset by peer") != std::string::npos;
+    return (collateral ? -4 : 0) + (x.exit_signal != 0 ? 2 : 0) + (r.find("emory") != std::string::npos ? 1 : 0);
+  };
   Node* culprit = nullptr;
   for (Node* n : w) {
     const Trainer& t = n->trainer;

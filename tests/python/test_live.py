@@ -188,6 +188,15 @@ def ask_scale(run, group, count, reason=None):
     return r
 
 
+def assert_replays_close(test, live, sim, every_steps=20):
+    """The simulator's replay of a live log finds the live goodput within 2 points, plus the share of
+    the run one save interval takes: the replay re-simulates the run on the costs it measured, so a
+    failure can fall at another point of its save interval there than it did live (just before a
+    save instead of just after), and the recomputation differ by up to one interval."""
+    interval = every_steps * live["productive_ns"] / max(live["steps"], 1) / live["wall_ns"]
+    test.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.02 + interval, msg=(live, sim))
+
+
 def of_type(events, t):
     return [e["data"] for e in events if e["type"] == t]
 
@@ -247,15 +256,15 @@ class LiveTest(unittest.TestCase):
                 self.assertEqual(before[s], after[s], f"{name} step {s}")
             self.assertEqual(max(after), 160)
 
-        # The live report and the simulator's replay of the same log agree, within 2 points: the
-        # replay trains at the speed the log measured over its checkpoint intervals (their total
-        # time over their steps, the trainers' slower first interval included, so it is at the
-        # same step when the kill comes; a median of intervals put it 2-3 points off).
+        # The live report and the simulator's replay of the same log agree (assert_replays_close:
+        # 2 points and a save interval's share). The replay trains at the speed the log measured
+        # over its checkpoint intervals, their total time over their steps, the trainers' slower
+        # first interval included (a median of intervals put it 2-3 points off, always low).
         live = run.report()
         sim = json.loads(subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json",
                                          "--policy", os.path.join(ROOT, "examples/pytorch/policy.json")],
                                         capture_output=True, text=True, check=True).stdout)
-        self.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.02, msg=(live, sim))
+        assert_replays_close(self, live, sim)
 
     def test_a_warm_restart_runs_the_script_in_an_interpreter_started_beforehand_with_the_same_losses(self):
         # recovery.warm_start: once a trainer trains, its agent starts `python3 -m goodput.warm torch`
@@ -289,7 +298,7 @@ class LiveTest(unittest.TestCase):
         sim = json.loads(subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json", "--policy",
                                          os.path.join(ROOT, "examples/pytorch/policy.json")],
                                         capture_output=True, text=True, check=True).stdout)
-        self.assertAlmostEqual(live["goodput"], sim["goodput"], delta=0.02, msg=(live, sim))
+        assert_replays_close(self, live, sim)
         prog = run.progress()
         loaded = [r for r in prog[(killed, 1)] if r["event"] == "loaded"][0]
         self.assertEqual(loaded["tier"], "memory")
@@ -590,12 +599,11 @@ class LiveTest(unittest.TestCase):
         self.assertIn("320 of 320 done, 0 trained twice", run.stdout)
         report = run.report()
         self.assertEqual(report["restores"]["peer"], 1, report["restores"])
-        # The live run replays in the simulator within 2 points of its measured goodput.
+        # The live run replays in the simulator close to its measured goodput (assert_replays_close).
         replay = subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json", "--policy", policy],
                                 capture_output=True, text=True)
         self.assertEqual(replay.returncode, 0, replay.stderr)
-        sim = json.loads(replay.stdout)
-        self.assertAlmostEqual(sim["goodput"], report["goodput"], delta=0.02)
+        assert_replays_close(self, report, json.loads(replay.stdout), every_steps=30)
 
     def test_a_spoiled_copy_is_refused_with_the_reason_and_the_world_restores_from_storage(self):
         # As above, but the copies slot 1 holds are spoiled first (a bad DIMM on the holder): the
@@ -662,7 +670,7 @@ class LiveTest(unittest.TestCase):
         replay = subprocess.run([GOODPUT, "replay", "--from-log", run.db, "--format", "json", "--policy",
                                  os.path.join(ROOT, "examples/pytorch/policy.json")], capture_output=True, text=True)
         self.assertEqual(replay.returncode, 0, replay.stderr)  # the log of a run with spares replays
-        self.assertAlmostEqual(json.loads(replay.stdout)["goodput"], run.report()["goodput"], delta=0.02)
+        assert_replays_close(self, run.report(), json.loads(replay.stdout))
 
     def test_oom_relaunches_with_more_memory_and_a_hang_is_detected(self):
         run = LiveRun(self, spec(total_steps=200, command=spec()["command"] + ["--oom-mb", "64"]),
