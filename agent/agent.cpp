@@ -48,6 +48,15 @@ AgentOptions with_work_dir(AgentOptions o) {
   return o;
 }
 
+// A restart whose trainers wait for their ranks' checkpoint copies to be fetched from peers.
+struct Fetch {
+  int32_t restart = 0;
+  int64_t step = 0;
+  TrainerGroup::Launch launch;
+  std::future<std::pair<int, std::string>> done;  // ranks fetched; why some could not be
+  bool cancelled = false;                          // the master moved on meanwhile
+};
+
 // The master session: register, heartbeat the node's state, and carry out each answer (run the
 // trainer of a restart, stop it, run a node check, leave), on the trainer and checkpoint host.
 class Agent {
@@ -333,14 +342,6 @@ class Agent {
     }
     if (trainer_.start(l)) exit_reported_ = false;
   }
-
-  struct Fetch {
-    int32_t restart = 0;
-    int64_t step = 0;
-    TrainerGroup::Launch launch;
-    std::future<std::pair<int, std::string>> done;  // ranks fetched; why some could not be
-    bool cancelled = false;                          // the master moved on meanwhile
-  };
 
   void start_fetch(const TrainerGroup::Launch& l, int64_t step, const json& replicate) {
     struct Holder {

@@ -497,7 +497,9 @@ class Sim final : public live::NodeProvider {
       const int32_t restart = b.value("restart", 0);
       if (restart != a.t.restart) start_trainer(a, b);
     } else if (a.t.phase != "none" && a.t.phase != "exited") {
-      a.t = Trainer{a.t.restart};  // stopped: killed, no exit to report
+      const int32_t restart = a.t.restart;  // stopped: killed, no exit to report
+      a.t = Trainer{};
+      a.t.restart = restart;
     }
   }
 
